@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine: `make train` and `make test`.
+# Each creates .venv (pip install -e ".[dev]") when it is missing or older than pyproject.toml.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: venv train test test-all lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(BIN)/.installed
+
+train: venv
+	$(BIN)/python -m yolo5l.train $(ARGS)
+
+test: venv
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-all: venv
+	$(BIN)/python -m pytest -q -m "" $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+
+bench: venv
+	$(BIN)/python scripts/bench_kernels.py
+	$(BIN)/python scripts/bench_data.py
+	$(BIN)/python scripts/bench_train.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,36 @@
+"""yolo5l: retrain YOLOv5 detectors faster, on PyTorch Lightning and Hydra.
+
+The public API is imported lazily so that `import yolo5l` stays cheap (start-up time is a feature).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "YOLOv5": "yolo5l.models.yolo",
+    "YOLOv5Loss": "yolo5l.loss",
+    "YOLODataModule": "yolo5l.data.module",
+    "YOLOv5Module": "yolo5l.module",
+    "compose_config": "yolo5l.config",
+    "load_ultralytics": "yolo5l.weights",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from yolo5l.config import compose_config
+    from yolo5l.data.module import YOLODataModule
+    from yolo5l.loss import YOLOv5Loss
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.module import YOLOv5Module
+    from yolo5l.weights import load_ultralytics
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'yolo5l' has no attribute {name!r}")
