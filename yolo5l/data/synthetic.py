@@ -1,0 +1,226 @@
+"""The synthetic default dataset: filled shapes on noisy backgrounds, learnable by YOLOv5s in a few epochs.
+
+Four classes of clearly distinct filled shapes, each in its own colour: rectangle (red), ellipse (green),
+triangle (blue), cross (yellow). 1-6 non-overlapping objects per image, 20-150 px, on smoothly varying noisy
+backgrounds; image sides 240-400 px (not all square, so rectangular validation batches are exercised);
+JPEG quality 90. Labels are the exact pixel extents of the drawn shapes (the objects never overlap).
+
+Generation is deterministic (image i of a split depends only on (seed, split, i)), happens once (a marker
+file written last records the parameters), and is atomic: it writes into a temporary sibling folder that is
+renamed into place, so concurrent processes (DDP ranks, sweep jobs) never see half a dataset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+__all__ = ["COLORS", "MARKER", "NAMES", "ensure_synthetic", "render_sample"]
+
+NAMES = ("rectangle", "ellipse", "triangle", "cross")
+COLORS = ((220, 40, 40), (40, 200, 60), (40, 80, 230), (235, 215, 40))  # RGB, one per class
+MARKER = ".synthetic.json"  # written last: its presence means the dataset is complete
+_SPLITS = {"train": 0, "val": 1}
+_FORMAT_VERSION = 1  # bump when the rendering changes, so old datasets are regenerated
+
+
+def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """Smoothly varying colours (a coarse random grid upsampled) plus pixel noise, uint8 RGB."""
+    gh, gw = rng.integers(2, 6, size=2)
+    coarse = rng.uniform(60, 200, size=(gh, gw, 3)).astype(np.float32)
+    smooth = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
+    noise = rng.normal(0.0, 10.0, size=(h, w, 3)).astype(np.float32)
+    return np.clip(smooth + noise, 0, 255).astype(np.uint8)
+
+
+def _draw_mask(cls: int, rng: np.random.Generator, h: int, w: int, x1: int, y1: int, bw: int, bh: int) -> np.ndarray:
+    """A filled shape of class ``cls`` inside the box (x1, y1, bw, bh), as a bool (h, w) mask."""
+    mask = np.zeros((h, w), np.uint8)
+    x2, y2 = x1 + bw - 1, y1 + bh - 1
+    if cls == 0:  # rectangle
+        cv2.rectangle(mask, (x1, y1), (x2, y2), 1, thickness=-1)
+    elif cls == 1:  # ellipse
+        cv2.ellipse(mask, (((x1 + x2) / 2, (y1 + y2) / 2), (bw - 1, bh - 1), 0.0), 1, thickness=-1)
+    elif cls == 2:  # triangle: apex somewhere on the top edge
+        apex = int(rng.integers(x1, x2 + 1))
+        cv2.fillPoly(mask, [np.array([[apex, y1], [x2, y2], [x1, y2]], np.int32)], 1)
+    else:  # cross: two bars a third of the box thick
+        tx, ty = max(bw // 3, 3), max(bh // 3, 3)
+        cx0, cy0 = x1 + (bw - tx) // 2, y1 + (bh - ty) // 2
+        cv2.rectangle(mask, (cx0, y1), (cx0 + tx - 1, y2), 1, thickness=-1)
+        cv2.rectangle(mask, (x1, cy0), (x2, cy0 + ty - 1), 1, thickness=-1)
+    return mask.astype(bool)
+
+
+def render_sample(
+    rng: np.random.Generator, h: int, w: int, max_objects: int = 6, min_size: int = 20, max_size: int = 150
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Render one image.
+
+    Args:
+        rng: Random generator (the only source of randomness).
+        h: Image height.
+        w: Image width.
+        max_objects: At most this many objects (at least 1 is always placed).
+        min_size: Smallest box side in pixels.
+        max_size: Largest box side in pixels (also capped at 60% of the shorter image side).
+
+    Returns:
+        (image (h, w, 3) uint8 RGB, labels (n, 5) float32 [cls, cx, cy, w, h] normalised, masks: n bool (h, w)).
+        Each label is the exact extent of its mask; masks do not overlap (objects are placed 2 px apart).
+    """
+    img = _background(rng, h, w)
+    occupied = np.zeros((h, w), bool)
+    labels, masks = [], []
+    hi = max(min_size + 1, min(max_size, int(0.6 * min(h, w))))
+    n_target = int(rng.integers(1, max_objects + 1))
+    for _ in range(n_target * 20):  # rejection sampling of non-overlapping boxes
+        if len(labels) == n_target:
+            break
+        cls = int(rng.integers(len(NAMES)))
+        bw, bh = (int(v) for v in rng.integers(min_size, hi + 1, size=2))
+        if cls == 3 or cls == 1:  # keep crosses and ellipses from degenerating into bars
+            bh = int(np.clip(bh, bw // 2, min(bw * 2, hi)))
+        x1, y1 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
+        if occupied[max(y1 - 2, 0) : y1 + bh + 2, max(x1 - 2, 0) : x1 + bw + 2].any():
+            continue
+        mask = _draw_mask(cls, rng, h, w, x1, y1, bw, bh)
+        ys, xs = np.nonzero(mask)
+        if len(xs) == 0:
+            continue
+        occupied[y1 : y1 + bh, x1 : x1 + bw] = True
+        color = np.clip(np.asarray(COLORS[cls]) + rng.integers(-15, 16, size=3), 0, 255).astype(np.uint8)
+        img[mask] = color
+        bx1, bx2, by1, by2 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1  # pixel-edge extents
+        labels.append([cls, (bx1 + bx2) / 2 / w, (by1 + by2) / 2 / h, (bx2 - bx1) / w, (by2 - by1) / h])
+        masks.append(mask)
+    return img, np.asarray(labels, np.float32).reshape(-1, 5), masks
+
+
+def _image_size(rng: np.random.Generator, min_side: int, max_side: int) -> tuple[int, int]:
+    if rng.random() < 0.25:  # some square images too
+        s = int(rng.integers(min_side, max_side + 1))
+        return s, s
+    h, w = rng.integers(min_side, max_side + 1, size=2)
+    return int(h), int(w)
+
+
+def _write_split(root: Path, split: str, n: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
+    (root / "images" / split).mkdir(parents=True, exist_ok=True)
+    (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        rng = np.random.default_rng([seed, _SPLITS[split], i])
+        h, w = _image_size(rng, min_side, max_side)
+        img, labels, _ = render_sample(rng, h, w)
+        ok, buf = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
+        if not ok:
+            raise RuntimeError(f"JPEG encoding failed for synthetic image {split}/{i}")
+        stem = f"{split}_{i:06d}"
+        (root / "images" / split / f"{stem}.jpg").write_bytes(buf.tobytes())
+        rows = "".join(f"{int(c)} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n" for c, cx, cy, bw, bh in labels.tolist())
+        (root / "labels" / split / f"{stem}.txt").write_text(rows)
+
+
+def _data_yaml(names: Sequence[str]) -> str:
+    lines = [
+        "# Synthetic shapes dataset generated by yolo5l.data.synthetic.ensure_synthetic",
+        "path: .",
+        "train: images/train",
+        "val: images/val",
+        "names:",
+    ]
+    lines += [f"  {i}: {n}" for i, n in enumerate(names)]
+    return "\n".join(lines) + "\n"
+
+
+def _is_complete(root: Path, params: dict) -> bool:
+    try:
+        return json.loads((root / MARKER).read_text()) == params and (root / "data.yaml").is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_synthetic(
+    root: str | os.PathLike | None = None,
+    num_train: int = 512,
+    num_val: int = 128,
+    seed: int = 0,
+    min_side: int = 240,
+    max_side: int = 400,
+    quality: int = 90,
+) -> Path:
+    """Generate the synthetic dataset once (or reuse it) and return its dataset yaml.
+
+    Args:
+        root: Dataset folder; default ``datasets/synthetic`` under the current directory.
+        num_train: Train images.
+        num_val: Val images.
+        seed: Generation seed; the same parameters always give the same files.
+        min_side: Smallest image side in pixels.
+        max_side: Largest image side in pixels.
+        quality: JPEG quality.
+
+    Returns:
+        Path of ``<root>/data.yaml`` (ultralytics layout: images/{train,val}, labels/{train,val}).
+    """
+    root = Path(root if root is not None else Path("datasets") / "synthetic").absolute()
+    params = {
+        "version": _FORMAT_VERSION,
+        "num_train": int(num_train),
+        "num_val": int(num_val),
+        "seed": int(seed),
+        "min_side": int(min_side),
+        "max_side": int(max_side),
+        "quality": int(quality),
+    }
+    if _is_complete(root, params):
+        return root / "data.yaml"
+    if min_side < 2 * 20 + 4 or max_side < min_side:
+        raise ValueError(f"need 44 <= min_side <= max_side, got min_side={min_side}, max_side={max_side}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        _write_split(tmp, "train", num_train, seed, min_side, max_side, quality)
+        _write_split(tmp, "val", num_val, seed, min_side, max_side, quality)
+        (tmp / "data.yaml").write_text(_data_yaml(NAMES))
+        (tmp / MARKER).write_text(json.dumps(params))  # last: marks the dataset complete
+        if root.exists() and not _is_complete(root, params):
+            # A stale or partial dataset (other parameters, or an interrupted pre-marker layout): move it aside.
+            stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
+            with contextlib.suppress(OSError):
+                os.replace(root, stale / root.name)
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            # Another process renamed its copy into place first: theirs is identical, use it.
+            if not _is_complete(root, params):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root / "data.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m yolo5l.data.synthetic --out datasets/synthetic``: generate the dataset and print its yaml path."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="datasets/synthetic", help="dataset folder")
+    p.add_argument("--num-train", type=int, default=512)
+    p.add_argument("--num-val", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    print(ensure_synthetic(a.out, a.num_train, a.num_val, a.seed))
+
+
+if __name__ == "__main__":
+    main()
