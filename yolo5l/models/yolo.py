@@ -1,0 +1,363 @@
+"""The YOLOv5 v7.0 detector (n/s/m/l/x) and its Detect head, as plain ``nn.Module``s.
+
+Layer ``i`` lives at ``self.model[i]`` (0..24), so state-dict keys equal ultralytics' (``model.0.conv.weight`` ...
+``model.24.anchors``): 349 tensors for every size. ``forward`` returns the three raw heads in every mode;
+``decode`` turns them into boxes in pixels.
+
+Reference: ultralytics/yolov5 v7.0 ``models/yolov5s.yaml`` and ``models/yolo.py`` (``parse_model``, ``Detect``,
+``DetectionModel``); behaviour re-derived from the description in ``shared/reference/yolov5-v7.md`` §A.1-A.3.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from yolo5l.models.common import C3, SPPF, Concat, Conv
+
+log = logging.getLogger(__name__)
+
+# Default anchors in pixels, (w, h) pairs, 3 per level: P3/8, P4/16, P5/32 (yolov5s.yaml).
+ANCHORS_P3_P5: tuple[tuple[int, ...], ...] = (
+    (10, 13, 16, 30, 33, 23),
+    (30, 61, 62, 45, 59, 119),
+    (116, 90, 156, 198, 373, 326),
+)
+STRIDES: tuple[float, ...] = (8.0, 16.0, 32.0)
+
+# depth_multiple, width_multiple of the released sizes (models/yolov5{n,s,m,l,x}.yaml).
+SCALES: dict[str, tuple[float, float]] = {
+    "yolov5n": (0.33, 0.25),
+    "yolov5s": (0.33, 0.50),
+    "yolov5m": (0.67, 0.75),
+    "yolov5l": (1.0, 1.0),
+    "yolov5x": (1.33, 1.25),
+}
+
+# The v7.0 backbone + head before scaling: (from, repeats, block, args).
+# Conv args (c2, k, s[, p]); C3 args (c2[, shortcut]); SPPF (c2, k); Concat (dim,).
+_LAYERS: tuple[tuple[int | tuple[int, ...], int, str, tuple[Any, ...]], ...] = (
+    (-1, 1, "Conv", (64, 6, 2, 2)),  # 0  P1/2
+    (-1, 1, "Conv", (128, 3, 2)),  # 1  P2/4
+    (-1, 3, "C3", (128,)),  # 2
+    (-1, 1, "Conv", (256, 3, 2)),  # 3  P3/8
+    (-1, 6, "C3", (256,)),  # 4
+    (-1, 1, "Conv", (512, 3, 2)),  # 5  P4/16
+    (-1, 9, "C3", (512,)),  # 6
+    (-1, 1, "Conv", (1024, 3, 2)),  # 7  P5/32
+    (-1, 3, "C3", (1024,)),  # 8
+    (-1, 1, "SPPF", (1024, 5)),  # 9
+    (-1, 1, "Conv", (512, 1, 1)),  # 10
+    (-1, 1, "Upsample", ()),  # 11
+    ((-1, 6), 1, "Concat", (1,)),  # 12 cat backbone P4
+    (-1, 3, "C3", (512, False)),  # 13
+    (-1, 1, "Conv", (256, 1, 1)),  # 14
+    (-1, 1, "Upsample", ()),  # 15
+    ((-1, 4), 1, "Concat", (1,)),  # 16 cat backbone P3
+    (-1, 3, "C3", (256, False)),  # 17 (P3/8 out)
+    (-1, 1, "Conv", (256, 3, 2)),  # 18
+    ((-1, 14), 1, "Concat", (1,)),  # 19 cat head P4
+    (-1, 3, "C3", (512, False)),  # 20 (P4/16 out)
+    (-1, 1, "Conv", (512, 3, 2)),  # 21
+    ((-1, 10), 1, "Concat", (1,)),  # 22 cat head P5
+    (-1, 3, "C3", (1024, False)),  # 23 (P5/32 out)
+    ((17, 20, 23), 1, "Detect", ()),  # 24
+)
+SAVE: tuple[int, ...] = (4, 6, 10, 14, 17, 20, 23)
+
+
+def _make_divisible(x: float, divisor: int = 8) -> int:
+    return int(math.ceil(x / divisor) * divisor)
+
+
+def _scaled_repeats(n: int, depth: float) -> int:
+    # parse_model: n' = max(round(n * depth), 1) only when n > 1 (3 -> 1, 6 -> 2, 9 -> 3 at 0.33).
+    return max(round(n * depth), 1) if n > 1 else n
+
+
+def anchors_to_tensor(anchors: Any) -> Tensor:
+    """Turn anchors given as 3 lists of 6 numbers (or a (3, 3, 2) nest / tensor) into a float (3, 3, 2) tensor.
+
+    Args:
+        anchors: Pixel anchors, (w, h) pairs per level; lists, tuples, OmegaConf ListConfigs or a tensor.
+
+    Returns:
+        (nl, na, 2) float32 tensor in pixels.
+
+    Raises:
+        ValueError: If the anchors are not 3 levels of whole (w, h) pairs.
+    """
+    if isinstance(anchors, Tensor):
+        flat = [anchors[i].reshape(-1).tolist() for i in range(anchors.shape[0])]
+    else:
+        flat = []
+        for level in anchors:
+            values: list[float] = []
+            for v in level:
+                if isinstance(v, (int, float)):
+                    values.append(float(v))
+                else:  # a (w, h) pair
+                    values.extend(float(u) for u in v)
+            flat.append(values)
+    if len(flat) != len(STRIDES) or len({len(v) for v in flat}) != 1 or len(flat[0]) % 2 or not flat[0]:
+        raise ValueError(
+            f"anchors must be {len(STRIDES)} levels (P3, P4, P5) of the same number of (w, h) pixel pairs, "
+            f"e.g. {[list(a) for a in ANCHORS_P3_P5]}; got {flat}"
+        )
+    return torch.tensor(flat, dtype=torch.float32).view(len(flat), -1, 2)
+
+
+class Detect(nn.Module):
+    """YOLOv5 detection head: one 1x1 conv (with bias) per level producing ``na * (5 + C)`` channels.
+
+    Args:
+        num_classes: Number of classes C.
+        anchors: (nl, na, 2) anchors in pixels; stored as the buffer ``anchors`` in grid units of each level.
+        ch: Input channels of each level.
+        strides: Stride of each level in pixels.
+    """
+
+    def __init__(self, num_classes: int, anchors: Tensor, ch: Sequence[int], strides: Sequence[float] = STRIDES):
+        super().__init__()
+        self.nc = num_classes
+        self.no = num_classes + 5  # outputs per anchor: x, y, w, h, obj, classes
+        self.nl, self.na = anchors.shape[:2]
+        if len(ch) != self.nl or len(strides) != self.nl:
+            raise ValueError(f"Detect: {self.nl} anchor levels but {len(ch)} inputs and {len(strides)} strides")
+        self.m = nn.ModuleList(nn.Conv2d(c, self.na * self.no, 1) for c in ch)
+        stride = torch.tensor(strides, dtype=torch.float32)
+        anchors = anchors.clone().float()
+        # check_anchor_order: anchor area must grow with stride; flip the levels if the config lists them reversed.
+        area = anchors.prod(-1).mean(-1)  # (nl,) mean anchor area per level
+        da, ds = float(area[-1] - area[0]), float(stride[-1] - stride[0])
+        if da and math.copysign(1.0, da) != math.copysign(1.0, ds):
+            log.info("Reversing anchor order to match stride order")
+            anchors = anchors.flip(0)
+        self.register_buffer("anchors", anchors / stride.view(-1, 1, 1))  # (nl, na, 2) grid units
+        self.register_buffer("stride", stride, persistent=False)  # (nl,)
+        self._grids: dict[tuple[Any, ...], Tensor] = {}
+        self._initialize_biases()
+
+    @torch.no_grad()
+    def _initialize_biases(self) -> None:
+        # RetinaNet-style prior (focal loss paper §3.3): ~8 objects per 640 image, class prob ~0.6 / nc.
+        for conv, s in zip(self.m, self.stride.tolist(), strict=True):
+            b = conv.bias.view(self.na, self.no)
+            b[:, 4] += math.log(8 / (640 / s) ** 2)
+            b[:, 5:] += math.log(0.6 / (self.nc - 0.99999))
+
+    def forward(self, xs: list[Tensor]) -> list[Tensor]:
+        """Apply the per-level convs.
+
+        Args:
+            xs: ``nl`` feature maps (B, ch_i, H/s_i, W/s_i).
+
+        Returns:
+            ``nl`` raw heads (B, na, H/s_i, W/s_i, 5 + C).
+        """
+        out = []
+        for conv, x in zip(self.m, xs, strict=True):
+            x = conv(x)  # (B, na * no, ny, nx)
+            b, _, ny, nx = x.shape
+            out.append(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())
+        return out
+
+    def _grid(self, ny: int, nx: int, like: Tensor) -> Tensor:
+        # Cell offsets minus 0.5 (folding the "- 0.5" of xy = 2σ - 0.5 + grid), (1, 1, ny, nx, 2) as (x, y).
+        # Keyed by inference mode too: an inference tensor must not meet autograd outside inference_mode.
+        key = (ny, nx, like.device, like.dtype, torch.is_inference_mode_enabled())
+        grid = self._grids.get(key)
+        if grid is None:
+            if len(self._grids) >= 64:  # rectangular validation sees many sizes; keep the cache bounded
+                self._grids.clear()
+            y = torch.arange(ny, device=like.device, dtype=like.dtype)
+            x = torch.arange(nx, device=like.device, dtype=like.dtype)
+            yv, xv = torch.meshgrid(y, x, indexing="ij")
+            grid = (torch.stack((xv, yv), -1) - 0.5).view(1, 1, ny, nx, 2)
+            self._grids[key] = grid
+        return grid
+
+    def decode(self, heads: Sequence[Tensor]) -> Tensor:
+        """Decode raw heads into boxes, as YOLOv5's Detect does in inference.
+
+        ``xy = (2σ(t_xy) - 0.5 + grid) * stride``, ``wh = (2σ(t_wh))² * anchor_pixels``, objectness and class
+        scores as sigmoids. No host syncs; grids cached per feature-map size.
+
+        Args:
+            heads: ``nl`` raw heads (B, na, ny, nx, 5 + C).
+
+        Returns:
+            (B, N, 5 + C) with N = Σ na·ny·nx: cx, cy, w, h in input pixels, objectness, class scores.
+        """
+        if len(heads) != self.nl:
+            raise ValueError(f"decode expects {self.nl} heads, got {len(heads)}")
+        out = []
+        for i, h in enumerate(heads):
+            b, na, ny, nx, no = h.shape
+            y = h.sigmoid()
+            xy, wh, conf = y.split((2, 2, no - 4), -1)
+            stride = self.stride[i]
+            xy = (xy * 2 + self._grid(ny, nx, y)) * stride  # (B, na, ny, nx, 2) pixels
+            anchor_px = (self.anchors[i] * stride).view(1, na, 1, 1, 2)
+            wh = (wh * 2) ** 2 * anchor_px  # (B, na, ny, nx, 2) pixels
+            out.append(torch.cat((xy, wh.to(xy.dtype), conf.to(xy.dtype)), -1).reshape(b, na * ny * nx, no))
+        return torch.cat(out, 1)
+
+
+def _make_upsample(fused: bool) -> nn.Module:
+    if fused:
+        try:
+            from yolo5l_kernels.upsample import UpsampleNearest2x
+        except ImportError:
+            log.warning("fused_upsample=True but yolo5l_kernels.upsample is unavailable; using nn.Upsample")
+        else:
+            return UpsampleNearest2x()
+    return nn.Upsample(scale_factor=2.0, mode="nearest")
+
+
+class YOLOv5(nn.Module):
+    """YOLOv5 v7.0 detector built from the yolov5s table and the depth/width scaling rules.
+
+    Args:
+        num_classes: Number of classes C.
+        depth: depth_multiple (repeats ``max(round(n * depth), 1)``).
+        width: width_multiple (channels ``ceil(c * width / 8) * 8``).
+        anchors: Pixel anchors, 3 levels (P3, P4, P5) of (w, h) pairs: 3 lists of 6 numbers or (3, 3, 2).
+        fused_upsample: Use ``yolo5l_kernels.upsample.UpsampleNearest2x`` (falls back to ``nn.Upsample`` with a
+            warning when that module is missing). Both compute the same nearest 2x upsample.
+
+    Example:
+        >>> model = YOLOv5.from_name("yolov5s", num_classes=80)
+        >>> heads = model(torch.zeros(1, 3, 64, 64))  # [(1, 3, 8, 8, 85), (1, 3, 4, 4, 85), (1, 3, 2, 2, 85)]
+        >>> boxes = model.decode(heads)  # (1, 252, 85)
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 80,
+        depth: float = 0.33,
+        width: float = 0.50,
+        anchors: Any = ANCHORS_P3_P5,
+        fused_upsample: bool = False,
+    ) -> None:
+        super().__init__()
+        if int(num_classes) != num_classes or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
+        if depth <= 0 or width <= 0:
+            raise ValueError(f"depth and width multiples must be positive, got depth={depth}, width={width}")
+        self.num_classes = int(num_classes)
+        self.depth = float(depth)
+        self.width = float(width)
+        self.fused_upsample = bool(fused_upsample)
+        anchor_px = anchors_to_tensor(anchors)  # (3, na, 2) pixels
+
+        layers: list[nn.Module] = []
+        froms: list[int | tuple[int, ...]] = []
+        ch: list[int] = [3]  # output channels per layer; ch[-1] is the current input
+        for i, (f, n, block, args) in enumerate(_LAYERS):
+            c_in = ch[-1] if f == -1 else None
+            if block == "Conv":
+                c2 = _make_divisible(args[0] * self.width)
+                m: nn.Module = Conv(c_in, c2, *args[1:])
+            elif block == "C3":
+                c2 = _make_divisible(args[0] * self.width)
+                m = C3(c_in, c2, _scaled_repeats(n, self.depth), *args[1:])
+            elif block == "SPPF":
+                c2 = _make_divisible(args[0] * self.width)
+                m = SPPF(c_in, c2, *args[1:])
+            elif block == "Upsample":
+                c2, m = ch[-1], _make_upsample(self.fused_upsample)
+            elif block == "Concat":
+                c2, m = sum(ch[-1] if j == -1 else ch[j + 1] for j in f), Concat(*args)
+            else:  # Detect
+                m = Detect(self.num_classes, anchor_px, [ch[j + 1] for j in f], STRIDES)
+                c2 = 0
+            layers.append(m)
+            froms.append(f)
+            ch.append(c2)
+            assert len(layers) == i + 1
+        self.model = nn.ModuleList(layers)
+        self._from = froms
+        self._save = frozenset(j for f in froms if f != -1 for j in f if j != -1)
+        assert tuple(sorted(self._save)) == SAVE
+        self.register_buffer("stride", torch.tensor(STRIDES), persistent=False)  # (3,) [8, 16, 32]
+
+    @classmethod
+    def from_name(cls, name: str, num_classes: int = 80, **kwargs: Any) -> YOLOv5:
+        """Build a released size by name.
+
+        Args:
+            name: One of ``yolov5n``, ``yolov5s``, ``yolov5m``, ``yolov5l``, ``yolov5x``.
+            num_classes: Number of classes.
+            **kwargs: Passed to the constructor (``anchors``, ``fused_upsample``).
+
+        Returns:
+            The model.
+
+        Raises:
+            ValueError: For an unknown name.
+        """
+        key = name.lower().removesuffix(".yaml").removesuffix(".pt")
+        if key not in SCALES:
+            raise ValueError(f"unknown model name {name!r}; choose one of {sorted(SCALES)}")
+        depth, width = SCALES[key]
+        return cls(num_classes=num_classes, depth=depth, width=width, **kwargs)
+
+    @property
+    def detect(self) -> Detect:
+        """The Detect head (``self.model[24]``)."""
+        return self.model[-1]
+
+    @property
+    def anchors(self) -> Tensor:
+        """(3, na, 2) anchors in grid units of each level (the ``model.24.anchors`` buffer)."""
+        return self.detect.anchors
+
+    def anchor_pixels(self) -> Tensor:
+        """(3, na, 2) anchors in pixels (``anchors * stride``)."""
+        return self.detect.anchors * self.detect.stride.view(-1, 1, 1)
+
+    def forward(self, images: Tensor) -> list[Tensor]:
+        """Run the network.
+
+        Args:
+            images: (B, 3, H, W) float, H and W multiples of 32.
+
+        Returns:
+            3 raw heads (B, 3, H/s, W/s, 5 + C) for s = 8, 16, 32, in train and eval mode alike.
+        """
+        h, w = images.shape[-2:]
+        if images.dim() != 4 or h % 32 or w % 32:
+            raise ValueError(f"YOLOv5 expects (B, 3, H, W) with H and W multiples of 32, got {tuple(images.shape)}")
+        x: Any = images
+        saved: dict[int, Tensor] = {}
+        for i, (f, m) in enumerate(zip(self._from, self.model, strict=True)):
+            if f != -1:
+                x = [x if j == -1 else saved[j] for j in f]
+            x = m(x)
+            if i in self._save:
+                saved[i] = x
+        return x
+
+    def decode(self, heads: Sequence[Tensor]) -> Tensor:
+        """Decode raw heads to (B, N, 5 + C): cx, cy, w, h in pixels, objectness and class sigmoids.
+
+        See :meth:`Detect.decode`.
+        """
+        return self.detect.decode(heads)
+
+    def fuse(self) -> YOLOv5:
+        """Fold every BatchNorm into its conv (for inference; training afterwards is not supported).
+
+        Returns:
+            self.
+        """
+        for m in self.modules():
+            if isinstance(m, Conv):
+                m.fuse()
+        return self
