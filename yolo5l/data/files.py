@@ -153,7 +153,11 @@ def label_cache_path(image_files: Sequence[str | Path], sources: Sequence[Path] 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise DatasetError(f"Dataset file {path} not found: pass the path of an ultralytics-style data yaml.")
+        raise DatasetError(
+            f"Dataset file {path} not found: pass the path of an ultralytics-style data yaml. For COCO or COCO128 in "
+            f"YOLO format, write it with `python -m yolo5l.data.coco2yolo --write-yaml coco --out {path.parent}`; "
+            "to convert COCO JSON annotations, `python -m yolo5l.data.coco2yolo --json ... --images ... --out ...`."
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
