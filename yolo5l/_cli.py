@@ -1,0 +1,104 @@
+"""What the entry points share: one-line errors with exit code 2, config-group checks, printing where outputs are."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+from yolo5l.config import config_choices
+
+EXIT_USAGE = 2
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
+GROUPS = ("model", "data", "hyp", "trainer", "callbacks", "logger", "experiment", "debug", "paths")
+NULLABLE = ("experiment", "debug")
+
+
+class UserError(Exception):
+    """A mistake in the command or config that the user fixes: printed as one sentence, exit code 2."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: <message>` to stderr and exit with code 2 (no traceback)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def guarded(fn: _F) -> _F:
+    """Turn `UserError` (and a missing file) raised by `fn` into a one-line message and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            fail(str(e))
+        except FileNotFoundError as e:
+            name = f" {e.filename!r}" if e.filename else ""
+            fail(f"file not found{name}: {e.strerror or e}" if e.filename else str(e))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> None:
+    """Refuse `group=option` arguments naming an option that does not exist, listing the ones that do.
+
+    Hydra would also refuse them, but with a multi-line report; this runs before Hydra composes anything.
+    Sweeps (`model=yolov5n,yolov5s`) are checked option by option.
+    """
+    for arg in argv:
+        if "=" not in arg or arg.startswith(("-", "hydra.", "hydra/")):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key.startswith("override "):
+            key = key[len("override ") :].strip()
+        if key not in groups:
+            continue
+        choices = config_choices(key)
+        if not choices:
+            continue
+        for option in _sweep_values(value):
+            if option in ("null", "") and key in NULLABLE:
+                continue
+            if option not in choices:
+                fail(f"unknown {key} {option!r}: choose one of {', '.join(choices)}")
+
+
+def _sweep_values(value: str) -> list[str]:
+    value = value.strip()
+    if value.startswith(("range(", "choice(", "glob(", "interval(", "tag(", "sort(", "shuffle(")):
+        return []  # extended sweep syntax: leave it to Hydra
+    return [v.strip().strip("'\"") for v in value.split(",")]
+
+
+def is_rank_zero() -> bool:
+    """True in the launching process (before and after DDP starts) and on global rank 0."""
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
+    return rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def print_outputs(title: str, items: Mapping[str, str | os.PathLike | None]) -> None:
+    """Print an aligned 'where things are' block (rank 0 only); entries that are None are skipped."""
+    if not is_rank_zero():
+        return
+    rows = [(k, str(v)) for k, v in items.items() if v is not None]
+    width = max((len(k) for k, _ in rows), default=0) + 1
+    print(f"\n{title}", flush=False)
+    for k, v in rows:
+        print(f"  {k + ':':<{width}} {v}")
+    sys.stdout.flush()
+
+
+def relpath(path: str | os.PathLike) -> str:
+    """`path` relative to the current folder when it lies below it, else absolute."""
+    p = Path(path).absolute()
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)

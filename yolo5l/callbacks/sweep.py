@@ -1,0 +1,168 @@
+"""One summary table per multirun sweep: a row per job, sorted by training throughput.
+
+`python -m yolo5l.train -m data.batch_size=8,16 data.num_workers=0,2` adds a `SweepSummary` to every job; when a
+job's fit ends it appends its row to `<sweep dir>/summary.csv` (under a file lock, rewritten atomically, so jobs
+finishing together, as with a parallel launcher, never lose rows) and re-renders `<sweep dir>/summary.md`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from filelock import FileLock
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+COLUMNS = ("job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir")
+
+
+class SweepSummary(Callback):
+    """Append this job's result to the sweep's summary table when fitting ends (rank 0 only).
+
+    Throughput comes from the ThroughputMonitor's `train/images_per_sec` and `train/data_wait` (median over
+    the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`.
+
+    Args:
+        sweep_dir: The sweep folder (`hydra.sweep.dir`).
+        job: The job's number in the sweep.
+        overrides: The job's command-line overrides (`hydra.overrides.task`).
+        output_dir: The job's own folder.
+    """
+
+    def __init__(self, sweep_dir: str | os.PathLike, job: int, overrides: Sequence[str], output_dir: str = "") -> None:
+        super().__init__()
+        self.sweep_dir = Path(sweep_dir)
+        self.job = job
+        self.overrides = list(overrides)
+        self.output_dir = output_dir
+        self._t0: float | None = None
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._t0 = time.perf_counter()
+
+    @override
+    @rank_zero_only
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write(trainer, status="finished")
+
+    @override
+    @rank_zero_only
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.write(trainer, status=f"failed: {type(exception).__name__}")
+
+    def write(self, trainer: pl.Trainer, status: str) -> dict[str, Any]:
+        """Collect this job's row from the trainer's logged metrics and append it to the table."""
+        wall = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
+        history = _metric_history(trainer)
+        row = {
+            "job": self.job,
+            "overrides": " ".join(self.overrides),
+            "images_per_sec": _median(history.get("train/images_per_sec")),
+            "data_wait": _median(history.get("train/data_wait")),
+            "map_50": _last(history.get("val/map_50")),
+            "map": _last(history.get("val/map")),
+            "wall_s": wall,
+            "status": status,
+            "output_dir": self.output_dir,
+        }
+        append_row(self.sweep_dir, row)
+        return row
+
+
+def _metric_history(trainer: pl.Trainer) -> dict[str, list[float]]:
+    # Prefer the per-epoch CSV logger's full history (it also sees values callbacks log straight to the
+    # loggers); fall back to the trainer's latest values.
+    from yolo5l.loggers import EpochCSVLogger
+
+    history: dict[str, list[float]] = {}
+    for key, value in trainer.callback_metrics.items():
+        history[key] = [float(value)]
+    for logger in trainer.loggers:
+        if isinstance(logger, EpochCSVLogger):
+            history.update({k: list(v) for k, v in logger.history.items()})
+    return history
+
+
+def _median(values: Sequence[float] | None) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _last(values: Sequence[float] | None) -> float:
+    return float(values[-1]) if values else float("nan")
+
+
+def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any]) -> None:
+    """Append `row` to `<sweep_dir>/summary.csv` and re-render `summary.md`, holding `summary.lock`."""
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = sweep_dir / "summary.csv"
+    with FileLock(str(sweep_dir / "summary.lock")):
+        rows = read_summary(csv_path) if csv_path.exists() else []
+        rows = [r for r in rows if str(r["job"]) != str(row["job"])]  # a re-run job replaces its row
+        rows.append({k: row.get(k, "") for k in COLUMNS})
+        _atomic_write(csv_path, _render_csv(rows))
+        _atomic_write(sweep_dir / "summary.md", render_markdown(rows))
+
+
+def read_summary(path: str | os.PathLike) -> list[dict[str, str]]:
+    """Rows of a sweep's summary.csv."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _render_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    import io
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, restval="")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: _fmt(r.get(k, "")) for k in COLUMNS})
+    return buf.getvalue()
+
+
+def _fmt(value: Any) -> Any:
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The summary as a Markdown table, fastest job first (jobs without a throughput last)."""
+
+    def key(r: Mapping[str, Any]) -> tuple[bool, float]:
+        ips = _num(r.get("images_per_sec"))
+        return (ips != ips, -ips if ips == ips else 0.0)  # NaN sorts last
+
+    lines = [
+        "| job | overrides | images/s | data wait | mAP@0.5 | mAP@0.5:0.95 | wall time (s) | status |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in sorted(rows, key=key):
+        wait = _num(r.get("data_wait"))
+        lines.append(
+            f"| {r.get('job', '')} | `{r.get('overrides', '') or '(defaults)'}` | {_num(r.get('images_per_sec')):.1f} "
+            f"| {wait:.1%} | {_num(r.get('map_50')):.4f} | {_num(r.get('map')):.4f} "
+            f"| {_num(r.get('wall_s')):.1f} | {r.get('status', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

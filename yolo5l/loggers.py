@@ -1,0 +1,125 @@
+"""A Lightning logger that writes one CSV row per epoch.
+
+Lightning's `CSVLogger` writes a row per logging call, so step and epoch metrics land on different rows. This one
+merges every value logged during an epoch into that epoch's row (the last value wins), and always writes the
+columns people look for first: losses, precision, recall, mAP@0.5, mAP@0.5:0.95, images/s and the data-wait share.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+#: Columns always present, in this order; anything else logged follows, sorted.
+CORE_COLUMNS = (
+    "epoch",
+    "train/loss_box",
+    "train/loss_obj",
+    "train/loss_cls",
+    "val/precision",
+    "val/recall",
+    "val/map_50",
+    "val/map",
+    "train/images_per_sec",
+    "train/data_wait",
+)
+
+
+class EpochCSVLogger(Logger):
+    """Per-epoch metrics table at `<save_dir>/<filename>`, rewritten atomically whenever a value changes.
+
+    Args:
+        save_dir: Folder of the CSV file (the run folder).
+        filename: Name of the CSV file.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike, filename: str = "metrics.csv") -> None:
+        super().__init__()
+        self._save_dir = str(save_dir)
+        self.path = Path(save_dir) / filename
+        self.rows: dict[int, dict[str, float]] = {}
+        #: Every value logged for each key, in order (the sweep summary takes medians from it).
+        self.history: dict[str, list[float]] = {}
+        self._epoch = 0
+        self._dirty = False
+
+    @property
+    @override
+    def name(self) -> str:
+        return ""
+
+    @property
+    @override
+    def version(self) -> str:
+        return ""
+
+    @property
+    @override
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        return self._save_dir
+
+    @override
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        pass  # Hydra already saves the full config under <run>/.hydra/
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        # Lightning adds "epoch" to what it logs itself; values logged straight to the logger by callbacks
+        # belong to the last epoch seen.
+        if "epoch" in metrics:
+            self._epoch = int(metrics["epoch"])
+        row = self.rows.setdefault(self._epoch, {"epoch": self._epoch})
+        for key, value in metrics.items():
+            if key == "epoch":
+                continue
+            value = float(value)
+            row[key] = value
+            self.history.setdefault(key, []).append(value)
+        self._dirty = True
+
+    @override
+    @rank_zero_only
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        keys = {k for row in self.rows.values() for k in row}
+        columns = list(CORE_COLUMNS) + sorted(keys - set(CORE_COLUMNS))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            for epoch in sorted(self.rows):
+                writer.writerow({k: _fmt(v) for k, v in self.rows[epoch].items()})
+        os.replace(tmp, self.path)  # readers never see a half-written table
+        self._dirty = False
+
+    @override
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self.save()
+
+
+def _fmt(value: float) -> str | int:
+    return value if isinstance(value, int) else f"{value:.6g}"
+
+
+def read_metrics_csv(path: str | os.PathLike) -> list[dict[str, str]]:
+    """Rows of a metrics.csv written by `EpochCSVLogger` (values as strings, '' where not logged)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
