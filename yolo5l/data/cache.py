@@ -1,0 +1,248 @@
+"""The image cache: resized uint8 images held in RAM or as ``.npy`` files on disk.
+
+Both caches store the image already resized so that its long side equals ``imgsz`` (what every epoch needs), so
+a cache hit skips both the JPEG decode and the resize. The bytes needed are known exactly from the label
+scan's shapes, so the up-front fit check needs no sampling.
+
+- ``ram``: filled by a thread pool for the given indices (under DDP, the rank's shard only). Falls back to no
+  cache, with a message, when ``need * 1.1 > available`` (psutil's available memory).
+- ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>`` folder beside
+  the images; when that is read-only, ``$YOLO5L_CACHE_DIR`` or ``~/.cache/yolo5l/npy/<hash>``). A file that is
+  unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
+  free space is short.
+
+Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX ``CacheDataset``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from yolo5l.data.augment import resize_long_side, resized_shape
+from yolo5l.data.files import read_image
+
+log = logging.getLogger(__name__)
+
+CACHE_MODES = ("none", "ram", "disk")
+_HEADROOM = 1.1  # YOLOv5's safety factor on the estimate
+
+
+def _user_cache_base() -> Path:
+    base = os.environ.get("YOLO5L_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yolo5l"
+    )
+    return Path(base) / "npy"
+
+
+def _probe_write(folder: Path) -> None:
+    """Raise OSError unless a file can be created in ``folder`` (created if missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        _probe_write(folder)
+        return True
+    except OSError:
+        return False
+
+
+def _load_resized(path: str, imgsz: int, augment: bool) -> np.ndarray:
+    return resize_long_side(read_image(path), imgsz, augment)
+
+
+class ImageCache:
+    """Loads the resized image of index ``i``, through a RAM or disk cache.
+
+    Args:
+        im_files: Image paths.
+        shapes: (n, 2) original [h, w] (EXIF applied), from the label scan.
+        imgsz: Long side after resizing.
+        mode: "none", "ram" or "disk".
+        augment: Whether the images feed augmentation (INTER_LINEAR) or not (INTER_AREA when shrinking).
+        cache_dir: Disk cache folder; default beside the images (see the module docstring).
+        num_threads: Threads that fill the cache.
+        prefix: Prefix of the messages (e.g. "train: ").
+    """
+
+    def __init__(
+        self,
+        im_files: Sequence[str],
+        shapes: np.ndarray,
+        imgsz: int,
+        mode: str = "none",
+        augment: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+        num_threads: int | None = None,
+        prefix: str = "",
+    ) -> None:
+        if mode not in CACHE_MODES:
+            raise ValueError(f"data.cache must be one of {CACHE_MODES}, got {mode!r}")
+        self.im_files = list(im_files)
+        self.shapes = np.asarray(shapes)
+        self.imgsz = int(imgsz)
+        self.augment = augment
+        self.requested = mode
+        self.mode = mode
+        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        self.prefix = prefix
+        self.ram: list[np.ndarray | None] = [None] * len(self.im_files)
+        self.messages: list[str] = []
+        self.folder: Path | None = None
+        self._cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._disk_warned = False
+
+    # ----------------------------------------------------------------------------------------- helpers
+    @property
+    def _interp(self) -> str:
+        return "linear" if self.augment else "area"
+
+    def resized_hw(self, i: int) -> tuple[int, int]:
+        """(h, w) of image ``i`` once resized."""
+        h0, w0 = self.shapes[i]
+        return resized_shape(int(h0), int(w0), self.imgsz)
+
+    def nbytes(self, indices: Sequence[int]) -> int:
+        """Bytes of the resized uint8 RGB images at ``indices``."""
+        hw = np.array([self.resized_hw(i) for i in indices], dtype=np.int64).reshape(-1, 2)
+        return int((hw[:, 0] * hw[:, 1] * 3).sum())
+
+    def _say(self, msg: str) -> None:
+        self.messages.append(msg)
+        log.warning(msg)
+
+    def npy_path(self, i: int) -> Path:
+        """The ``.npy`` file of image ``i`` (disk mode; after :meth:`fill` chose the folder)."""
+        assert self.folder is not None
+        rel = os.path.relpath(self.im_files[i], self._image_root)
+        return (self.folder / rel).with_suffix(".npy")
+
+    def _choose_folder(self) -> Path:
+        self._image_root = Path(os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in self.im_files]))
+        tag = f"s{self.imgsz}_{self._interp}"
+        preferred = (self._cache_dir / tag) if self._cache_dir else self._image_root.with_name(
+            self._image_root.name + ".npycache"
+        ) / tag
+        if _writable(preferred):
+            return preferred
+        key = hashlib.sha1(f"{self._image_root.resolve()}|{tag}".encode()).hexdigest()[:16]
+        fallback = _user_cache_base() / key
+        self._say(f"{self.prefix}disk cache folder {preferred} is not writable; using {fallback} instead.")
+        _probe_write(fallback)
+        return fallback
+
+    # ----------------------------------------------------------------------------------------- fill
+    def fill(self, indices: Sequence[int] | None = None) -> str:
+        """Fill the cache for ``indices`` (default all), after checking that it fits.
+
+        Returns:
+            One summary line (also logged), e.g. ``train: caching 128 images (12.3 MB) in RAM``.
+        """
+        indices = list(range(len(self.im_files))) if indices is None else list(indices)
+        if self.mode == "none" or not indices:
+            return f"{self.prefix}no image cache"
+        need = self.nbytes(indices)
+        gb = need / 1e9
+        if self.mode == "ram":
+            avail = psutil.virtual_memory().available
+            if need * _HEADROOM > avail:
+                self._say(
+                    f"{self.prefix}RAM cache disabled: {len(indices)} images need {gb:.2f} GB (x{_HEADROOM} headroom) "
+                    f"but only {avail / 1e9:.2f} GB is available; set data.cache=disk or free memory."
+                )
+                self.mode = "none"
+                return self.messages[-1]
+            self._run(self._fill_ram, indices)
+            return f"{self.prefix}cached {len(indices)} images ({gb:.2f} GB) in RAM"
+        # disk
+        try:
+            self.folder = self._choose_folder()
+        except OSError as e:
+            self._say(f"{self.prefix}disk cache disabled: no writable cache folder ({e}); set data.cache_dir.")
+            self.mode = "none"
+            return self.messages[-1]
+        missing = [i for i in indices if not self._npy_valid(i)]
+        need_missing = self.nbytes(missing) + 128 * len(missing)  # + .npy headers
+        free = shutil.disk_usage(self.folder).free
+        if need_missing * _HEADROOM > free:
+            self._say(
+                f"{self.prefix}disk cache disabled: {len(missing)} .npy files need {need_missing / 1e9:.2f} GB "
+                f"but {self.folder} has {free / 1e9:.2f} GB free; set data.cache_dir elsewhere or data.cache=none."
+            )
+            self.mode = "none"
+            return self.messages[-1]
+        self._run(self._write_npy, missing)
+        return (
+            f"{self.prefix}disk cache {self.folder}: {len(indices)} images ({gb:.2f} GB), "
+            f"{len(missing)} written, {len(indices) - len(missing)} reused"
+        )
+
+    def _run(self, fn: Callable[[int], None], indices: list[int]) -> None:
+        if self.num_threads <= 1 or len(indices) < 2:
+            for i in indices:
+                fn(i)
+            return
+        with ThreadPoolExecutor(self.num_threads) as pool:
+            list(pool.map(fn, indices))
+
+    def _fill_ram(self, i: int) -> None:
+        self.ram[i] = _load_resized(self.im_files[i], self.imgsz, self.augment)
+
+    def _npy_valid(self, i: int) -> bool:
+        """Whether image ``i``'s .npy exists, is newer than the image, and holds the right shape and dtype."""
+        p = self.npy_path(i)
+        try:
+            if p.stat().st_mtime < os.stat(self.im_files[i]).st_mtime:
+                return False
+            arr = np.load(p, mmap_mode="r")  # header only
+        except (OSError, ValueError, EOFError):
+            return False
+        return arr.dtype == np.uint8 and arr.shape == (*self.resized_hw(i), 3)
+
+    def _write_npy(self, i: int) -> np.ndarray:
+        img = _load_resized(self.im_files[i], self.imgsz, self.augment)
+        p = self.npy_path(i)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, img)
+            os.replace(tmp, p)  # atomic: a reader never sees half a file
+        except OSError as e:
+            with contextlib.suppress(Exception):
+                os.unlink(tmp)
+            if not self._disk_warned:
+                self._disk_warned = True
+                self._say(f"{self.prefix}could not write {p} ({e}); reading images directly.")
+        return img
+
+    # ----------------------------------------------------------------------------------------- load
+    def load(self, i: int) -> np.ndarray:
+        """The resized RGB uint8 HWC image ``i`` (from RAM, from its .npy, or decoded)."""
+        if self.mode == "ram":
+            img = self.ram[i]
+            if img is not None:
+                return img
+        elif self.mode == "disk":
+            p = self.npy_path(i)
+            try:
+                img = np.load(p)
+                if img.dtype == np.uint8 and img.shape == (*self.resized_hw(i), 3):
+                    return img
+            except (OSError, ValueError, EOFError):
+                pass
+            return self._write_npy(i)  # corrupt or removed since fill(): rebuild it
+        return _load_resized(self.im_files[i], self.imgsz, self.augment)

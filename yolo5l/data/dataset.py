@@ -1,0 +1,200 @@
+"""``YOLODataset``: a torch Dataset over a :class:`~yolo5l.data.files.LabelIndex`, and the batch collate.
+
+Train mode (``augment=True``): mosaic (+ mixup, copy-paste) and random perspective, or, when the mosaic is
+skipped or switched off, letterbox + random perspective with border 0; then albumentations, HSV and flips.
+Val mode (``augment=False``): images sorted by aspect ratio, letterboxed without upscaling to the shape of
+their rectangular batch.
+
+Items are ``(image uint8 (3, H, W) RGB, labels float32 (n, 6) [0, cls, cx, cy, w, h], path, shapes)``;
+``shapes`` is ``((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h)))`` for letterboxed images and None for mosaics.
+An index may be an int or ``(int, mosaic_allowed)``: the training sampler sends the second form, which is how
+close_mosaic reaches persistent worker processes without any shared state.
+
+Reference: YOLOv5 v7.0 utils/dataloaders.py LoadImagesAndLabels (behaviour).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from yolo5l.data import augment as aug
+from yolo5l.data.cache import ImageCache
+from yolo5l.data.files import LabelIndex
+
+Shapes = tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]]
+
+
+class YOLODataset(Dataset):
+    """YOLO-format detection dataset with YOLOv5's augmentation.
+
+    Args:
+        index: The split's label index (``im_files``, ``labels``, ``shapes``).
+        imgsz: Training image size / long side of validation images (multiple of ``stride``).
+        augment: Train mode with augmentation; False gives validation letterboxing.
+        hyp: Augmentation hyperparameters (``conf/hyp`` keys); missing keys take scratch-low values.
+        rect: Rectangular batches (sorted by aspect ratio); needs ``batch_size``. Default: ``not augment``.
+        batch_size: Batch size used to compute the rectangular batch shapes.
+        cache: "none", "ram" or "disk" (see :class:`~yolo5l.data.cache.ImageCache`).
+        cache_dir: Disk cache folder.
+        stride: Model's maximum stride.
+        pad: Rectangular batch padding in units of ``stride``.
+        prefix: Message prefix, e.g. "train: ".
+    """
+
+    def __init__(
+        self,
+        index: LabelIndex,
+        imgsz: int = 640,
+        augment: bool = True,
+        hyp: Mapping[str, Any] | None = None,
+        rect: bool | None = None,
+        batch_size: int = 16,
+        cache: str = "none",
+        cache_dir: str | None = None,
+        stride: int = 32,
+        pad: float = 0.5,
+        prefix: str = "",
+    ) -> None:
+        if imgsz % stride:
+            raise ValueError(f"imgsz={imgsz} must be a multiple of the stride {stride}")
+        self.imgsz = int(imgsz)
+        self.augment = augment
+        self.hyp = aug.augment_hyp(hyp)
+        self.rect = (not augment) if rect is None else rect
+        self.stride = stride
+        self.prefix = prefix
+        im_files, labels, shapes = list(index.im_files), list(index.labels), np.asarray(index.shapes)
+        self.batch_shapes: np.ndarray | None = None
+        if self.rect:
+            order, self.batch_shapes = aug.rect_batch_shapes(shapes, batch_size, self.imgsz, stride, pad)
+            im_files = [im_files[i] for i in order]
+            labels = [labels[i] for i in order]
+            shapes = shapes[order]
+        self.batch_size = batch_size
+        self.im_files = im_files
+        self.labels = [np.asarray(lb, dtype=np.float32).reshape(-1, 5) for lb in labels]
+        self.shapes = shapes  # (n, 2) original [h, w]
+        # Indices that mosaic / mixup partners are drawn from: under DDP the rank's shard, so that a RAM cache
+        # of the shard covers every image this rank reads.
+        self.indices = np.arange(len(im_files))
+        self.cache = ImageCache(im_files, shapes, self.imgsz, cache, augment, cache_dir, prefix=prefix)
+        self.albumentations = aug.Albumentations() if augment else None
+        self.mosaic_border = (-self.imgsz // 2, -self.imgsz // 2)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    def set_indices(self, indices: Sequence[int]) -> None:
+        """Restrict mosaic/mixup partners to ``indices`` (the rank's shard)."""
+        self.indices = np.asarray(indices, dtype=np.int64)
+
+    def fill_cache(self, indices: Sequence[int] | None = None) -> str:
+        """Fill the image cache for ``indices`` (default: ``self.indices``); returns its summary line."""
+        return self.cache.fill(self.indices if indices is None else indices)
+
+    def reseed(self, seed: int) -> None:
+        """Reseed the albumentations generators (random / np.random are seeded by the worker init function)."""
+        if self.albumentations is not None:
+            self.albumentations.reseed(seed)
+
+    # ----------------------------------------------------------------------------------------- loading
+    def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """Image ``i`` resized to long side ``imgsz``: ``(img, (h0, w0), (h, w))``. Never modify it in place."""
+        img = self.cache.load(i)
+        h0, w0 = (int(v) for v in self.shapes[i])
+        return img, (h0, w0), img.shape[:2]
+
+    def load_mosaic(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """4-image mosaic + copy-paste + random perspective (border -s/2): (s x s image, (n, 5) xyxy labels)."""
+        s = self.imgsz
+        xc, yc = (int(random.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
+        idx = [index, *(int(i) for i in random.choices(self.indices, k=3))]
+        random.shuffle(idx)
+        images = [self.load_image(i)[0] for i in idx]
+        img, labels = aug.mosaic4(images, [self.labels[i] for i in idx], s, (xc, yc))
+        img, labels = aug.copy_paste_boxes(img, labels, p=self.hyp["copy_paste"])
+        h = self.hyp
+        return aug.random_perspective(
+            img,
+            labels,
+            degrees=h["degrees"],
+            translate=h["translate"],
+            scale=h["scale"],
+            shear=h["shear"],
+            perspective=h["perspective"],
+            border=self.mosaic_border,
+        )
+
+    def _letterboxed(self, index: int) -> tuple[np.ndarray, np.ndarray, Shapes]:
+        img, (h0, w0), (h, w) = self.load_image(index)
+        shape = tuple(self.batch_shapes[index // self.batch_size]) if self.rect else self.imgsz
+        out, (rh, rw), (pw, ph) = aug.letterbox(img, shape, auto=False, scaleup=self.augment)
+        if out is img:
+            out = img.copy()  # the cached array must stay untouched by the in-place ops below
+        shapes = ((h0, w0), ((h * rh / h0, w * rw / w0), (pw, ph)))
+        lab = self.labels[index]
+        labels = np.zeros((len(lab), 5), np.float32)
+        if len(lab):
+            labels[:, 0] = lab[:, 0]
+            labels[:, 1:] = aug.xywhn_to_xyxy(lab[:, 1:5], w * rw, h * rh, pw, ph)
+        return out, labels, shapes
+
+    # ----------------------------------------------------------------------------------------- item
+    def __getitem__(self, item: int | tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
+        index, mosaic_allowed = (item, True) if isinstance(item, (int, np.integer)) else item
+        index = int(index)
+        h = self.hyp
+        if self.augment and mosaic_allowed and random.random() < h["mosaic"]:
+            img, labels = self.load_mosaic(index)
+            shapes = None
+            if random.random() < h["mixup"]:
+                partner = int(random.choice(self.indices))
+                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner))
+        else:
+            img, labels, shapes = self._letterboxed(index)
+            if self.augment:
+                img, labels = aug.random_perspective(
+                    img,
+                    labels,
+                    degrees=h["degrees"],
+                    translate=h["translate"],
+                    scale=h["scale"],
+                    shear=h["shear"],
+                    perspective=h["perspective"],
+                )
+        nl = len(labels)
+        if nl:
+            labels[:, 1:5] = aug.xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True, eps=1e-3)
+        if self.augment:
+            img = self.albumentations(img)
+            img = np.ascontiguousarray(img)
+            aug.augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"])
+            if random.random() < h["flipud"]:
+                img = aug.flip_ud(img, labels)
+            if random.random() < h["fliplr"]:
+                img = aug.flip_lr(img, labels)
+        out = torch.zeros((nl, 6), dtype=torch.float32)
+        if nl:
+            out[:, 1:] = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
+        chw = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))  # (3, H, W) uint8 RGB
+        return chw, out, self.im_files[index], shapes
+
+
+def collate_fn(
+    batch: Sequence[tuple[torch.Tensor, torch.Tensor, str, Shapes | None]],
+) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes | None, ...]]:
+    """Stack a list of items into ``(images uint8 (B, 3, H, W), targets (N, 6), paths, shapes)``.
+
+    Column 0 of each item's labels gets the image's position in the batch. Module-level so it pickles into
+    worker processes.
+    """
+    images, labels, paths, shapes = zip(*batch, strict=True)
+    for i, lb in enumerate(labels):
+        lb[:, 0] = i
+    return torch.stack(images, 0), torch.cat(labels, 0), tuple(paths), tuple(shapes)
