@@ -30,9 +30,16 @@ def test_default_config_composes_and_resolves(tmp_path):
     assert cfg.model._target_ == "yolo5l.models.yolo.YOLOv5"
     assert cfg.data._target_ == "yolo5l.data.module.YOLODataModule"
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
-    assert cfg.hyp.lr0 == 0.01 and cfg.hyp.momentum == 0.937 and cfg.hyp.mosaic == 1.0
-    assert cfg.weights is None and cfg.resume is None and cfg.freeze is None and cfg.seed == 0
-    assert cfg.optimizer == "SGD" and cfg.cos_lr is False and cfg.compile is False
+    assert cfg.hyp.lr0 == 0.01
+    assert cfg.hyp.momentum == 0.937
+    assert cfg.hyp.mosaic == 1.0
+    assert cfg.weights is None
+    assert cfg.resume is None
+    assert cfg.freeze is None
+    assert cfg.seed == 0
+    assert cfg.optimizer == "SGD"
+    assert cfg.cos_lr is False
+    assert cfg.compile is False
     # ${hydra:runtime.output_dir} resolves to the requested folder everywhere it is used.
     out = str((tmp_path / "run").absolute())
     assert cfg.trainer.default_root_dir == out
@@ -40,7 +47,9 @@ def test_default_config_composes_and_resolves(tmp_path):
     assert cfg.logger.csv.save_dir == out
     assert cfg.callbacks.checkpoint.dirpath == f"{out}/checkpoints"
     t = cfg.trainer
-    assert t.use_distributed_sampler is False and t.gradient_clip_val is None and t.num_sanity_val_steps == 0
+    assert t.use_distributed_sampler is False
+    assert t.gradient_clip_val is None
+    assert t.num_sanity_val_steps == 0
     # The TensorBoard logger comes first: trainer.logger is the one callbacks draw images on.
     assert list(cfg.logger) == ["tensorboard", "csv"]
 
@@ -65,9 +74,16 @@ def test_public_override_names(tmp_path):
         ],
         output_dir=tmp_path,
     )
-    assert cfg.model.width == 0.25 and cfg.data.file == "some/data.yaml" and cfg.data.imgsz == 416
-    assert cfg.trainer.max_epochs == 7 and cfg.trainer.devices == 2 and cfg.trainer.precision == 32
-    assert cfg.weights == "w.pt" and cfg.resume is True and cfg.seed == 3 and list(cfg.freeze) == [0, 1, 2]
+    assert cfg.model.width == 0.25
+    assert cfg.data.file == "some/data.yaml"
+    assert cfg.data.imgsz == 416
+    assert cfg.trainer.max_epochs == 7
+    assert cfg.trainer.devices == 2
+    assert cfg.trainer.precision == 32
+    assert cfg.weights == "w.pt"
+    assert cfg.resume is True
+    assert cfg.seed == 3
+    assert list(cfg.freeze) == [0, 1, 2]
 
 
 def test_scratch_high_differs_from_low_where_yolov5_does(tmp_path):
@@ -106,13 +122,15 @@ def test_every_logger_instantiates(tmp_path, name):
     cfg = compose_config([f"logger={name}"], output_dir=tmp_path)
     loggers = [instantiate(v) for v in (cfg.get("logger") or {}).values()]
     kinds = sorted(type(lg).__name__ for lg in loggers)
-    assert kinds == {"tensorboard": ["EpochCSVLogger", "TensorBoardLogger"], "csv": ["EpochCSVLogger"], "none": []}[
-        name
-    ]
+    assert (
+        kinds == {"tensorboard": ["EpochCSVLogger", "TensorBoardLogger"], "csv": ["EpochCSVLogger"], "none": []}[name]
+    )
     for lg in loggers:
         assert str(lg.save_dir) == str(tmp_path.absolute())
         if type(lg).__name__ == "TensorBoardLogger":
-            assert os.path.normpath(lg.log_dir) == str(tmp_path.absolute())  # name="" and version="": events in the run folder
+            assert os.path.normpath(lg.log_dir) == str(
+                tmp_path.absolute()
+            )  # name="" and version="": events in the run folder
             assert lg.experiment.max_queue == 1000 if hasattr(lg.experiment, "max_queue") else True
 
 
@@ -153,9 +171,11 @@ def test_every_experiment_and_debug_composes(tmp_path, name):
 
 def test_val_and_predict_configs_compose(tmp_path):
     val = compose_config(["weights=w.pt"], config_name="val", output_dir=tmp_path)
-    assert val.weights == "w.pt" and val.conf_thres == 0.001
+    assert val.weights == "w.pt"
+    assert val.conf_thres == 0.001
     pred = compose_config(["weights=w.pt", "source=img.jpg"], config_name="predict", output_dir=tmp_path)
-    assert pred.conf_thres == 0.25 and pred.iou_thres == 0.45
+    assert pred.conf_thres == 0.25
+    assert pred.iou_thres == 0.45
 
 
 # ------------------------------------------------------------------------------------------- rules
@@ -229,7 +249,9 @@ def test_freeze_layers():
     model = torch.nn.Module()
     model.model = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(12)])
     assert len(freeze_layers(model, 10)) == 20  # weight + bias of layers 0..9
-    assert [n for n, p in model.named_parameters() if p.requires_grad] == [f"model.{i}.{k}" for i in (10, 11) for k in ("weight", "bias")]
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        f"model.{i}.{k}" for i in (10, 11) for k in ("weight", "bias")
+    ]
     for p in model.parameters():
         p.requires_grad_(True)
     assert freeze_layers(model, [1, 11]) == ["model.1.weight", "model.1.bias", "model.11.weight", "model.11.bias"]
@@ -248,8 +270,11 @@ def test_epoch_csv_logger_one_row_per_epoch(tmp_path):
     lg.finalize("success")
     rows = read_metrics_csv(tmp_path / "metrics.csv")
     assert [r["epoch"] for r in rows] == ["0", "1"]
-    assert list(rows[0])[: len(CORE_COLUMNS)] == list(CORE_COLUMNS) and list(rows[0])[-1] == "lr/pg0"
-    assert float(rows[0]["train/loss_box"]) == 0.4 and float(rows[0]["val/map_50"]) == 0.1
-    assert float(rows[0]["train/data_wait"]) == 0.25 and rows[1]["val/map"] == ""
+    assert list(rows[0])[: len(CORE_COLUMNS)] == list(CORE_COLUMNS)
+    assert list(rows[0])[-1] == "lr/pg0"
+    assert float(rows[0]["train/loss_box"]) == 0.4
+    assert float(rows[0]["val/map_50"]) == 0.1
+    assert float(rows[0]["train/data_wait"]) == 0.25
+    assert rows[1]["val/map"] == ""
     assert lg.history["train/loss_box"] == [0.5, 0.4, 0.3]
     assert not math.isnan(float(rows[1]["train/loss_box"]))
