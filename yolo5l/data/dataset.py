@@ -172,8 +172,8 @@ class YOLODataset(Dataset):
         if nl:
             labels[:, 1:5] = aug.xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True, eps=1e-3)
         if self.augment:
-            img = self.albumentations(img)
-            img = np.ascontiguousarray(img)
+            if self.albumentations is not None:
+                img = np.ascontiguousarray(self.albumentations(img))
             aug.augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"])
             if random.random() < h["flipud"]:
                 img = aug.flip_ud(img, labels)
