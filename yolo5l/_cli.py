@@ -74,6 +74,7 @@ def _sweep_values(value: str) -> list[str]:
     value = value.strip()
     if value.startswith(("range(", "choice(", "glob(", "interval(", "tag(", "sort(", "shuffle(")):
         return []  # extended sweep syntax: leave it to Hydra
+    value = value.removeprefix("[").removesuffix("]")  # a list of options (`callbacks=[ema,checkpoint]`)
     return [v.strip().strip("'\"") for v in value.split(",")]
 
 

@@ -214,15 +214,26 @@ def freeze_layers(model: torch.nn.Module, freeze: int | Sequence[int] | None) ->
 
 
 def load_weights(model: torch.nn.Module, path: str) -> None:
-    """Load an ultralytics `.pt` or a yolo5l weights/checkpoint file into `model` (weights only)."""
-    from yolo5l import weights as w
+    """Copy the weights of an ultralytics `.pt` or a yolo5l checkpoint into `model` (weights only).
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    # ultralytics checkpoints pickle the model object under "model" (and "ema"); ours hold state dicts.
-    if isinstance(ckpt, dict) and isinstance(ckpt.get("model"), torch.nn.Module):
-        w.load_ultralytics(path, model=model)
-    else:
-        w.load_checkpoint(path, model=model)
+    The file's Detect convolutions are skipped when its class count differs (fine-tuning on new classes).
+
+    Raises:
+        UserError: The file is not a YOLOv5 checkpoint, or holds another model size than `model`.
+    """
+    from yolo5l.weights import load_weights as _load
+
+    try:
+        loaded, info = _load(path, num_classes=model.num_classes)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    if (loaded.depth, loaded.width) != (model.depth, model.width):
+        raise UserError(
+            f"weights {path} are a depth={loaded.depth} width={loaded.width} model but the config builds "
+            f"depth={model.depth} width={model.width}: pick the matching model= option"
+        )
+    model.load_state_dict(loaded.state_dict())
+    _info(f"transferred {info.transferred}/{info.total} items from {path}")
 
 
 def build(cfg: DictConfig, world: int = 1) -> tuple[Any, Any, Any]:
@@ -245,7 +256,6 @@ def build(cfg: DictConfig, world: int = 1) -> tuple[Any, Any, Any]:
     model = instantiate(cfg.model, num_classes=datamodule.num_classes, _convert_="all")
     if cfg.get("weights"):
         load_weights(model, str(cfg.weights))
-        _info(f"loaded weights {cfg.weights}")
     frozen = freeze_layers(model, _plain(cfg.get("freeze")))
     if frozen:
         _info(f"froze {len(frozen)} parameter tensors (freeze={_plain(cfg.freeze)})")
@@ -321,21 +331,16 @@ def tune_batch_size(trainer: Any, module: Any, datamodule: Any, cfg: DictConfig)
     return int(found)
 
 
-def save_weights(module: Any, path: Path, cfg: DictConfig) -> Path:
-    """Write the trained (EMA, where the EMA callback copied it in) weights as a small inference file."""
-    model = module.model
-    names = list(getattr(module, "names", None) or module.hparams.get("names", []))
-    try:
-        from yolo5l.weights import save_weights as _save
-    except ImportError:  # the weights module's writer, when present, defines the format
-        _save = None
-    if _save is not None:
-        _save(model, path, names=names, model_cfg=_plain(cfg.model))
-    else:
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save({"state_dict": state, "names": names, "model_cfg": _plain(cfg.model)}, tmp)
-        os.replace(tmp, path)
+def weights_file(trainer: Any, module: Any, output_dir: Path) -> Path:
+    """The stripped weights of the run: LastCheckpoint's `weights.pt`, else written here to `output_dir`."""
+    for cb in trainer.checkpoint_callbacks:
+        name, dirpath = getattr(cb, "weights_name", None), getattr(cb, "dirpath", None)
+        if name and dirpath and (Path(dirpath) / name).is_file():
+            return Path(dirpath) / name
+    from yolo5l.weights import save_checkpoint
+
+    path = output_dir / "weights.pt"
+    save_checkpoint(module.model, path, names=list(module.names))
     return path
 
 
@@ -361,12 +366,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
     if trainer.is_global_zero:
-        weights = save_weights(module, output_dir / "weights.pt", cfg)
-        ckpt = next((Path(p) for p in _checkpoint_files(trainer)), None)
+        weights = weights_file(trainer, module, output_dir)
+        ckpt = next((Path(p) for p in _checkpoint_files(trainer) if p.endswith(".ckpt")), None)
         csv_path = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), None)
         tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
         print_outputs(
-            f"Training done in {wall:.1f} s ({trainer.current_epoch} epochs). Outputs:",
+            f"Training done in {wall:.1f} s, {trainer.current_epoch} epoch(s). Outputs:",
             {
                 "run folder": relpath(output_dir),
                 "weights": relpath(weights),
