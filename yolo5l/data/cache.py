@@ -221,6 +221,9 @@ class ImageCache:
             with os.fdopen(fd, "wb") as f:
                 np.save(f, img)
             os.replace(tmp, p)  # atomic: a reader never sees half a file
+            t_img = os.stat(self.im_files[i]).st_mtime
+            if p.stat().st_mtime < t_img:  # image stamped in the future (clock skew): never look stale again
+                os.utime(p, (t_img, t_img))
         except OSError as e:
             with contextlib.suppress(Exception):
                 os.unlink(tmp)
