@@ -1,0 +1,80 @@
+"""Tiny model, datasets and module factory shared by tests/test_module.py and tests/test_callbacks.py."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from yolo5l.models.yolo import YOLOv5
+from yolo5l.module import YOLOv5Module
+
+HYP = {
+    "lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "warmup_epochs": 3.0,
+    "warmup_momentum": 0.8, "warmup_bias_lr": 0.1, "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0,
+}
+IMGSZ = 64
+
+
+class BoxesDataset(Dataset):
+    """Deterministic images with one bright rectangle each, labelled like a letterboxed val batch (no padding)."""
+
+    def __init__(self, n: int = 8, size: int = IMGSZ, delay: float = 0.0) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.items = []
+        for _ in range(n):
+            img = torch.rand(3, size, size, generator=g) * 0.2
+            w, h = (torch.rand(2, generator=g) * 0.4 + 0.2).tolist()
+            cx, cy = (torch.rand(2, generator=g) * 0.4 + 0.3).tolist()
+            x1, y1 = int((cx - w / 2) * size), int((cy - h / 2) * size)
+            x2, y2 = int((cx + w / 2) * size), int((cy + h / 2) * size)
+            img[:, y1:y2, x1:x2] = 0.9
+            cls = float(torch.randint(0, 2, (1,), generator=g))
+            self.items.append((img, torch.tensor([[cls, cx, cy, w, h]])))
+        self.size, self.delay = size, delay
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.items[i]
+
+
+def collate(batch):
+    images = torch.stack([b[0] for b in batch])
+    targets = torch.cat([torch.cat((torch.full((len(b[1]), 1), float(i)), b[1]), 1) for i, b in enumerate(batch)])
+    shape = ((IMGSZ, IMGSZ), ((1.0, 1.0), (0.0, 0.0)))
+    return images, targets, [f"{i}.jpg" for i in range(len(batch))], [shape] * len(batch)
+
+
+class TinyData(pl.LightningDataModule):
+    def __init__(self, n: int = 8, batch_size: int = 4, delay: float = 0.0) -> None:
+        super().__init__()
+        self.ds = BoxesDataset(n, delay=delay)
+        self.batch_size = batch_size
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=self.batch_size, shuffle=False, collate_fn=collate)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=self.batch_size, shuffle=False, collate_fn=collate)
+
+
+def tiny_module(batch_size: int = 4, nbs: int = 8, **kw) -> YOLOv5Module:
+    torch.manual_seed(0)
+    model = YOLOv5(num_classes=2, depth=0.33, width=0.125)
+    return YOLOv5Module(model, HYP, batch_size=batch_size, imgsz=IMGSZ, names=["a", "b"], nbs=nbs, **kw)
+
+
+def trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
+    args = {
+        "accelerator": "cpu", "devices": 1, "max_epochs": 2, "logger": False, "enable_progress_bar": False,
+        "enable_model_summary": False, "num_sanity_val_steps": 0, "default_root_dir": str(tmp_path),
+        "enable_checkpointing": any(hasattr(c, "dirpath") for c in callbacks),
+    }
+    args.update(kw)
+    return pl.Trainer(callbacks=list(callbacks), **args)
