@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -33,30 +34,30 @@ _FORMAT_VERSION = 1  # bump when the rendering changes, so old datasets are rege
 
 
 def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Smoothly varying colours (a coarse random grid upsampled) plus pixel noise, uint8 RGB."""
+    """Smoothly varying colours (a coarse random grid upsampled) plus uniform pixel noise, uint8 RGB."""
     gh, gw = rng.integers(2, 6, size=2)
-    coarse = rng.uniform(60, 200, size=(gh, gw, 3)).astype(np.float32)
+    coarse = rng.integers(60, 200, size=(gh, gw, 3)).astype(np.uint8)
     smooth = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
-    noise = rng.normal(0.0, 10.0, size=(h, w, 3)).astype(np.float32)
+    noise = rng.integers(-18, 19, size=(h, w, 3), dtype=np.int16)
     return np.clip(smooth + noise, 0, 255).astype(np.uint8)
 
 
-def _draw_mask(cls: int, rng: np.random.Generator, h: int, w: int, x1: int, y1: int, bw: int, bh: int) -> np.ndarray:
-    """A filled shape of class ``cls`` inside the box (x1, y1, bw, bh), as a bool (h, w) mask."""
-    mask = np.zeros((h, w), np.uint8)
-    x2, y2 = x1 + bw - 1, y1 + bh - 1
+def _draw_mask(cls: int, rng: np.random.Generator, bw: int, bh: int) -> np.ndarray:
+    """A filled shape of class ``cls`` filling a (bh, bw) box, as a bool mask of the box."""
+    mask = np.zeros((bh, bw), np.uint8)
+    x2, y2 = bw - 1, bh - 1
     if cls == 0:  # rectangle
-        cv2.rectangle(mask, (x1, y1), (x2, y2), 1, thickness=-1)
+        mask[:] = 1
     elif cls == 1:  # ellipse
-        cv2.ellipse(mask, (((x1 + x2) / 2, (y1 + y2) / 2), (bw - 1, bh - 1), 0.0), 1, thickness=-1)
+        cv2.ellipse(mask, ((x2 / 2, y2 / 2), (bw - 1, bh - 1), 0.0), 1, thickness=-1)
     elif cls == 2:  # triangle: apex somewhere on the top edge
-        apex = int(rng.integers(x1, x2 + 1))
-        cv2.fillPoly(mask, [np.array([[apex, y1], [x2, y2], [x1, y2]], np.int32)], 1)
+        apex = int(rng.integers(0, bw))
+        cv2.fillPoly(mask, [np.array([[apex, 0], [x2, y2], [0, y2]], np.int32)], 1)
     else:  # cross: two bars a third of the box thick
         tx, ty = max(bw // 3, 3), max(bh // 3, 3)
-        cx0, cy0 = x1 + (bw - tx) // 2, y1 + (bh - ty) // 2
-        cv2.rectangle(mask, (cx0, y1), (cx0 + tx - 1, y2), 1, thickness=-1)
-        cv2.rectangle(mask, (x1, cy0), (x2, cy0 + ty - 1), 1, thickness=-1)
+        cx0, cy0 = (bw - tx) // 2, (bh - ty) // 2
+        mask[:, cx0 : cx0 + tx] = 1
+        mask[cy0 : cy0 + ty, :] = 1
     return mask.astype(bool)
 
 
@@ -92,14 +93,17 @@ def render_sample(
         x1, y1 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
         if occupied[max(y1 - 2, 0) : y1 + bh + 2, max(x1 - 2, 0) : x1 + bw + 2].any():
             continue
-        mask = _draw_mask(cls, rng, h, w, x1, y1, bw, bh)
-        ys, xs = np.nonzero(mask)
+        local = _draw_mask(cls, rng, bw, bh)
+        ys, xs = np.nonzero(local)
         if len(xs) == 0:
             continue
         occupied[y1 : y1 + bh, x1 : x1 + bw] = True
         color = np.clip(np.asarray(COLORS[cls]) + rng.integers(-15, 16, size=3), 0, 255).astype(np.uint8)
-        img[mask] = color
-        bx1, bx2, by1, by2 = xs.min(), xs.max() + 1, ys.min(), ys.max() + 1  # pixel-edge extents
+        img[y1 : y1 + bh, x1 : x1 + bw][local] = color
+        mask = np.zeros((h, w), bool)
+        mask[y1 : y1 + bh, x1 : x1 + bw] = local
+        # pixel-edge extents of the drawn pixels
+        bx1, bx2, by1, by2 = x1 + xs.min(), x1 + xs.max() + 1, y1 + ys.min(), y1 + ys.max() + 1
         labels.append([cls, (bx1 + bx2) / 2 / w, (by1 + by2) / 2 / h, (bx2 - bx1) / w, (by2 - by1) / h])
         masks.append(mask)
     return img, np.asarray(labels, np.float32).reshape(-1, 5), masks
@@ -113,20 +117,25 @@ def _image_size(rng: np.random.Generator, min_side: int, max_side: int) -> tuple
     return int(h), int(w)
 
 
+def _write_image(root: Path, split: str, i: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
+    rng = np.random.default_rng([seed, _SPLITS[split], i])  # image i depends only on (seed, split, i)
+    h, w = _image_size(rng, min_side, max_side)
+    img, labels, _ = render_sample(rng, h, w)
+    ok, buf = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError(f"JPEG encoding failed for synthetic image {split}/{i}")
+    stem = f"{split}_{i:06d}"
+    (root / "images" / split / f"{stem}.jpg").write_bytes(buf.tobytes())
+    rows = "".join(f"{int(c)} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n" for c, cx, cy, bw, bh in labels.tolist())
+    (root / "labels" / split / f"{stem}.txt").write_text(rows)
+
+
 def _write_split(root: Path, split: str, n: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
     (root / "images" / split).mkdir(parents=True, exist_ok=True)
     (root / "labels" / split).mkdir(parents=True, exist_ok=True)
-    for i in range(n):
-        rng = np.random.default_rng([seed, _SPLITS[split], i])
-        h, w = _image_size(rng, min_side, max_side)
-        img, labels, _ = render_sample(rng, h, w)
-        ok, buf = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
-        if not ok:
-            raise RuntimeError(f"JPEG encoding failed for synthetic image {split}/{i}")
-        stem = f"{split}_{i:06d}"
-        (root / "images" / split / f"{stem}.jpg").write_bytes(buf.tobytes())
-        rows = "".join(f"{int(c)} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n" for c, cx, cy, bw, bh in labels.tolist())
-        (root / "labels" / split / f"{stem}.txt").write_text(rows)
+    # Threads: JPEG encoding and most numpy work release the GIL; every image has its own generator.
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        list(pool.map(lambda i: _write_image(root, split, i, seed, min_side, max_side, quality), range(n)))
 
 
 def _data_yaml(names: Sequence[str]) -> str:
