@@ -1,0 +1,209 @@
+"""YOLODataModule: batch format, samplers and DDP shards, caching per rank, worker seeding, close_mosaic."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+
+from yolo5l.data.dataset import collate_fn
+from yolo5l.data.module import ShardSampler, ValShardSampler, YOLODataModule, seed_worker
+
+IMGSZ = 128
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    root = tmp_path_factory.mktemp("syn") / "synthetic"
+    return {"root": str(root), "num_train": 24, "num_val": 10, "seed": 0, "min_side": 100, "max_side": 160}
+
+
+def make_dm(synthetic, **kw) -> YOLODataModule:
+    args = {"synthetic": synthetic, "imgsz": IMGSZ, "batch_size": 4, "num_workers": 0, "cache": "none"}
+    args.update(kw)
+    return YOLODataModule(**args)
+
+
+def test_names_before_setup_and_batch_format(synthetic):
+    dm = make_dm(synthetic)
+    assert dm.num_classes == 4
+    assert dm.names == ["rectangle", "ellipse", "triangle", "cross"]
+    dm.prepare_data()
+    dm.setup("fit")
+    images, targets, paths, shapes = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.uint8
+    assert images.shape == (4, 3, IMGSZ, IMGSZ)
+    assert targets.dtype == torch.float32
+    assert targets.shape[1] == 6
+    assert len(paths) == 4
+    assert shapes == (None,) * 4  # mosaics
+    idx = targets[:, 0]
+    assert (idx == idx.round()).all()
+    assert idx.min() >= 0
+    assert idx.max() <= 3
+    assert (idx[1:] >= idx[:-1]).all()
+    assert ((targets[:, 2:] >= 0) & (targets[:, 2:] <= 1)).all()
+
+    loader = dm.val_dataloader()
+    assert loader.batch_size == 8  # 2 x train batch
+    images, targets, paths, shapes = next(iter(loader))
+    assert images.shape[0] == 8
+    assert images.shape[2] % 32 == 0
+    assert images.shape[3] % 32 == 0
+    for (h0, w0), ((rh, rw), (pw, ph)) in shapes:
+        assert 100 <= h0 <= 160
+        assert 100 <= w0 <= 160
+        # long side resized to IMGSZ, never enlarged further by the letterbox
+        assert max(h0 * rh, w0 * rw) == pytest.approx(IMGSZ, abs=1)
+        assert pw >= 0
+        assert ph >= 0
+
+
+def test_collate_writes_image_index():
+    items = [
+        (torch.zeros(3, 8, 8, dtype=torch.uint8), torch.ones(2, 6), "a.jpg", None),
+        (torch.ones(3, 8, 8, dtype=torch.uint8), torch.zeros(0, 6), "b.jpg", None),
+        (torch.ones(3, 8, 8, dtype=torch.uint8), torch.full((1, 6), 2.0), "c.jpg", ((8, 8), ((1.0, 1.0), (0.0, 0.0)))),
+    ]
+    images, targets, paths, shapes = collate_fn(items)
+    assert images.shape == (3, 3, 8, 8)
+    assert targets[:, 0].tolist() == [0, 0, 2]
+    assert targets[:, 1:].tolist() == [[1] * 5, [1] * 5, [2] * 5]
+    assert paths == ("a.jpg", "b.jpg", "c.jpg")
+    assert shapes[2] == ((8, 8), ((1.0, 1.0), (0.0, 0.0)))
+
+
+def test_shard_sampler_fixed_disjoint_shards_shuffled_per_epoch():
+    n, world = 10, 3
+    samplers = [ShardSampler(n, r, world, seed=7) for r in range(world)]
+    shards = [set(s.indices.tolist()) for s in samplers]
+    assert all(len(s) == 4 for s in samplers)  # ceil(10 / 3): equal length on every rank
+    assert set().union(*shards) == set(range(n))
+    counts = np.bincount(np.concatenate([s.indices for s in samplers]), minlength=n)
+    assert sorted(counts.tolist()) == [1] * 8 + [2] * 2  # 12 slots: 2 padding repeats, no other overlap
+    s = samplers[1]
+    e0 = [i for i, _ in s]
+    assert e0 == [i for i, _ in s]  # same epoch, same order
+    orders = set()
+    for epoch in range(6):
+        s.set_epoch(epoch)
+        order = [i for i, _ in s]
+        assert set(order) == shards[1]  # the shard never changes
+        orders.add(tuple(order))
+    assert len(orders) > 1  # but is reshuffled
+    # one rank: everything, each once
+    assert sorted(i for i, _ in ShardSampler(n, 0, 1)) == list(range(n))
+
+
+def test_shard_sampler_mosaic_flag():
+    s = ShardSampler(5, mosaic_off_from=3)
+    s.set_epoch(2)
+    assert all(m for _, m in s)
+    s.set_epoch(3)
+    assert not any(m for _, m in s)
+
+
+def test_val_shard_sampler_contiguous_whole_batches_no_duplicates():
+    n, bs, world = 23, 4, 3  # 6 batches: 2 per rank
+    parts = [ValShardSampler(n, bs, r, world).indices.tolist() for r in range(world)]
+    assert [i for p in parts for i in p] == list(range(n))  # contiguous, in order, no duplicates
+    for p in parts:
+        assert p[0] % bs == 0
+    assert [len(p) for p in parts] == [8, 8, 7]
+    # more ranks than batches: some ranks get nothing, still no duplicates
+    parts = [ValShardSampler(5, 4, r, 3).indices.tolist() for r in range(3)]
+    assert [i for p in parts for i in p] == list(range(5))
+
+
+def test_ddp_rank_caches_only_its_shard(synthetic, monkeypatch):
+    dm = make_dm(synthetic, cache="ram")
+    monkeypatch.setattr(dm, "_dist", lambda: (1, 2))
+    dm.setup("fit")
+    ds, sampler = dm.train_dataset, dm.train_sampler
+    assert len(sampler) == 12
+    cached = {i for i, a in enumerate(ds.cache.ram) if a is not None}
+    assert cached == set(sampler.indices.tolist())
+    assert set(ds.indices.tolist()) == cached  # mosaic partners come from the shard
+    vcached = {i for i, a in enumerate(dm.val_dataset.cache.ram) if a is not None}
+    assert vcached == set(dm.val_sampler.indices.tolist())
+    assert vcached == set(range(8, 10))  # 10 val images, batch 8: rank 1 gets the second batch
+
+
+def test_on_after_batch_transfer_float_and_channels_last():
+    dm = YOLODataModule(synthetic={}, channels_last=True)
+    images = torch.tensor([0, 51, 255], dtype=torch.uint8).repeat(2, 3, 4, 1)  # (2, 3, 4, 3)
+    out, *_ = dm.on_after_batch_transfer((images, torch.zeros(0, 6), ("a", "b"), (None, None)), 0)
+    assert out.dtype == torch.float32
+    assert out[0, 0, 0].tolist() == pytest.approx([0.0, 0.2, 1.0])
+    assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_seed_worker_resets_affinity_and_seeds():
+    if not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2:
+        pytest.skip("needs sched_setaffinity and 2 cores")
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        seed_worker(0)
+        assert os.sched_getaffinity(0) == before | os.sched_getaffinity(0)
+        assert len(os.sched_getaffinity(0)) > 1
+    finally:
+        os.sched_setaffinity(0, before)
+    seed_worker(0)
+    a = np.random.rand()
+    seed_worker(0)
+    assert np.random.rand() == a
+
+
+def test_worker_seeding_reproducible(synthetic):
+    def first_batch(seed):
+        dm = make_dm(synthetic, num_workers=2, persistent_workers=False, seed=seed)
+        dm.setup("fit")
+        return next(iter(dm.train_dataloader()))
+
+    a, b, c = first_batch(0), first_batch(0), first_batch(1)
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(a[1], b[1])
+    assert a[2] == b[2]
+    assert not torch.equal(a[0], c[0])
+
+
+class _Recorder(LightningModule):
+    """Records, per epoch, whether the batches were mosaics and what reached the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[tuple[int, bool, torch.dtype, int]] = []
+
+    def training_step(self, batch, batch_idx):
+        images, _, _, shapes = batch
+        self.seen.append((self.current_epoch, all(s is None for s in shapes), images.dtype, os.getpid()))
+        return (self.w * images.mean()).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_fit_close_mosaic_reaches_persistent_workers(synthetic, tmp_path):
+    dm = make_dm(synthetic, num_workers=2, persistent_workers=True, close_mosaic=1)
+    model = _Recorder()
+    trainer = Trainer(
+        max_epochs=3, limit_train_batches=2, limit_val_batches=0, accelerator="cpu", devices=1,
+        use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    loader = trainer.train_dataloader
+    assert loader.num_workers == 2
+    assert loader.persistent_workers
+    assert not loader.pin_memory  # CPU trainer
+    assert dm.train_sampler.epoch == 2  # Lightning called set_epoch on our sampler
+    by_epoch = {e: [m for ep, m, _, _ in model.seen if ep == e] for e in range(3)}
+    assert by_epoch[0] == [True, True]
+    assert by_epoch[1] == [True, True]
+    assert by_epoch[2] == [False, False]  # last epoch: letterboxed, no mosaic
+    assert all(dt == torch.float32 for _, _, dt, _ in model.seen)  # on_after_batch_transfer ran
