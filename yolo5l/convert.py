@@ -1,0 +1,66 @@
+"""Convert an ultralytics/yolov5 v6-v7 ``.pt`` file into a plain yolo5l checkpoint.
+
+    python -m yolo5l.convert yolov5s.pt yolov5s_yolo5l.pt [--num-classes N]
+
+The output holds ``model_config`` {depth, width, num_classes, anchors}, ``state_dict`` (float32) and ``names``;
+``torch.load(out, weights_only=True)`` reads it and :func:`yolo5l.weights.load_checkpoint` builds the model.
+The input is read with a restricted unpickler: no ultralytics install is needed and no pickled code runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from yolo5l.weights import UnsafeCheckpointError, load_ultralytics, save_checkpoint
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m yolo5l.convert",
+        description="Convert an ultralytics/yolov5 v6-v7 .pt file into a yolo5l checkpoint (safe to load).",
+    )
+    parser.add_argument("source", help="ultralytics/yolov5 .pt file (e.g. yolov5s.pt, runs/train/exp/weights/best.pt)")
+    parser.add_argument("output", help="yolo5l checkpoint to write")
+    parser.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="build the model for N classes (the Detect convs are then freshly initialised); default: the file's",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the converter.
+
+    Args:
+        argv: Command-line arguments (default ``sys.argv[1:]``).
+
+    Returns:
+        Exit status: 0 on success, 1 when the input cannot be converted (a one-line message on stderr).
+    """
+    args = _parser().parse_args(argv)
+    if args.num_classes is not None and args.num_classes < 1:
+        print(f"error: --num-classes must be >= 1, got {args.num_classes}", file=sys.stderr)
+        return 1
+    if os.path.abspath(args.source) == os.path.abspath(args.output):
+        print(f"error: {args.output}: output would overwrite the source; choose another path", file=sys.stderr)
+        return 1
+    try:
+        model, info = load_ultralytics(args.source, num_classes=args.num_classes)
+        save_checkpoint(model, args.output, info.names)
+    except (FileNotFoundError, UnsafeCheckpointError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"Transferred {info.transferred}/{info.total} items from {args.source}; wrote {args.output} "
+        f"({model.num_classes} classes, depth {model.depth}, width {model.width})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,479 @@
+"""Load ultralytics/yolov5 (v6.x-v7.0) ``.pt`` files and yolo5l checkpoints into :class:`~yolo5l.models.yolo.YOLOv5`.
+
+An ultralytics ``.pt`` file is a full pickle of ``models.yolo.DetectionModel``; ``torch.load(weights_only=True)``
+refuses it and ``weights_only=False`` would run whatever the pickle says. :func:`load_ultralytics` reads it without
+ultralytics installed and without executing pickled code: a restricted unpickler admits only an explicit list of
+globals (torch's tensor rebuilders, ``OrderedDict``, ``set``, paths, numpy scalars) and turns the pickled module
+classes (``models.common.Conv``, ``torch.nn.Conv2d``, ...) into inert stand-ins that only hold their ``__dict__``.
+Anything else is refused, naming the file and the global.
+
+A yolo5l checkpoint (written by :func:`save_checkpoint` or ``python -m yolo5l.convert``) is a plain dict
+``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
+``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the model from it.
+
+Reference: ultralytics/yolov5 v7.0 train.py (``intersect_dicts`` by key and shape, "Transferred 349/349 items").
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import codecs
+import collections
+import logging
+import os
+import pathlib
+import pickle
+import types
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yolo5l.models.yolo import _LAYERS, STRIDES, YOLOv5
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "LoadInfo",
+    "UnsafeCheckpointError",
+    "load_checkpoint",
+    "load_ultralytics",
+    "load_weights",
+    "restricted_pickle",
+    "save_checkpoint",
+]
+
+# Keys of the Detect convolutions: the only tensors whose shapes depend on the number of classes.
+_HEAD_CONV_PREFIX = f"model.{len(_LAYERS) - 1}.m."
+
+
+class _NotYolo5lCheckpoint(ValueError):
+    """The file is not in yolo5l's checkpoint format (lets :func:`load_weights` try the ultralytics format)."""
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError):
+    """A pickle asked for a global outside the allow-list; nothing it referred to was called.
+
+    Attributes:
+        module: Module of the refused global.
+        name: Name of the refused global.
+    """
+
+    def __init__(self, module: str, name: str, path: str | os.PathLike[str] | None = None) -> None:
+        self.module, self.name, self.path = module, name, path
+        where = f"{os.fspath(path)}: " if path is not None else ""
+        super().__init__(
+            f"{where}refused to unpickle global '{module}.{name}': it is not part of an ultralytics/yolov5 "
+            "checkpoint, and loading it could run code. Only load files you trust; yolo5l reads yolov5 v6-v7 "
+            "DetectionModel checkpoints and yolo5l checkpoints."
+        )
+
+
+@dataclass
+class LoadInfo:
+    """What a load transferred.
+
+    Attributes:
+        source: The file read.
+        names: Class names (from the file; ``["0", "1", ...]`` when the model was built for another class count).
+        transferred: Tensors copied from the file into the model.
+        total: Tensors in the model's state dict (349 for every size at depth 0.33).
+        skipped: Model keys left at their fresh initialisation (the Detect convs when the class count differs).
+        file_num_classes: Number of classes the file was trained on.
+    """
+
+    source: str
+    names: list[str]
+    transferred: int
+    total: int
+    skipped: list[str] = field(default_factory=list)
+    file_num_classes: int = 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The restricted unpickler
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _StandIn:
+    """Inert stand-in for a pickled module object: pickle's BUILD fills ``__dict__``, nothing else runs."""
+
+    pickled_as = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # REDUCE of old protocols calls cls(*args)
+        pass
+
+    def __repr__(self) -> str:
+        return f"<stand-in for {self.pickled_as}>"
+
+
+# Module classes an ultralytics/yolov5 v6-v7 pickle refers to (+ v5-era Focus/SPP and other activations, so that
+# such files fail later with a clear architecture message instead of a refusal).
+_MODULE_CLASSES: dict[str, tuple[str, ...]] = {
+    "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP"),
+    "models.yolo": ("Detect", "DetectionModel", "Model"),
+    "torch.nn.modules.activation": ("SiLU", "ReLU", "LeakyReLU", "Hardswish"),
+    "torch.nn.modules.batchnorm": ("BatchNorm2d",),
+    "torch.nn.modules.container": ("ModuleList", "Sequential"),
+    "torch.nn.modules.conv": ("Conv2d",),
+    "torch.nn.modules.linear": ("Identity",),
+    "torch.nn.modules.pooling": ("MaxPool2d",),
+    "torch.nn.modules.upsampling": ("Upsample",),
+}
+_STAND_INS: dict[tuple[str, str], type[_StandIn]] = {
+    (mod, name): type(name, (_StandIn,), {"pickled_as": f"{mod}.{name}", "__module__": __name__})
+    for mod, names in _MODULE_CLASSES.items()
+    for name in names
+}
+_STORAGES = (
+    "FloatStorage", "HalfStorage", "DoubleStorage", "BFloat16Storage", "LongStorage", "IntStorage", "ShortStorage",
+    "CharStorage", "ByteStorage", "BoolStorage",
+)  # fmt: skip
+_DTYPES = ("float16", "float32", "float64", "bfloat16", "int64", "int32", "uint8", "bool")
+
+
+def _numpy_global(name: str) -> Any:
+    import numpy as np
+
+    if name == "dtype":
+        return np.dtype
+    core = getattr(np, "_core", None) or np.core  # numpy 2 moved numpy.core to numpy._core
+    return core.multiarray.scalar
+
+
+def _allowed_global(module: str, name: str) -> Any:
+    """Resolve one admitted global, or raise :class:`UnsafeCheckpointError`."""
+    key = (module, name)
+    if key in _STAND_INS:
+        return _STAND_INS[key]
+    if key == ("collections", "OrderedDict"):
+        return collections.OrderedDict
+    if module == "builtins" and name in ("set", "frozenset"):
+        return {"set": set, "frozenset": frozenset}[name]
+    if module in ("pathlib", "pathlib._local") and name in ("PosixPath", "PurePosixPath"):
+        return pathlib.PurePosixPath  # pure paths: constructible on any OS, never touch the file system
+    if module in ("pathlib", "pathlib._local") and name in ("WindowsPath", "PureWindowsPath"):
+        return pathlib.PureWindowsPath
+    if module == "torch._utils" and name in (
+        "_rebuild_tensor",
+        "_rebuild_tensor_v2",
+        "_rebuild_tensor_v3",
+        "_rebuild_parameter",
+        "_rebuild_parameter_with_state",
+    ):
+        return getattr(torch._utils, name)
+    if module == "torch" and (name in _STORAGES or name in _DTYPES):
+        return getattr(torch, name)
+    if key == ("_codecs", "encode"):  # protocol 2 pickles bytes (e.g. a numpy scalar's payload) as encode(str)
+        return codecs.encode
+    if key in (("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("numpy", "dtype")):
+        return _numpy_global(name)
+    raise UnsafeCheckpointError(module, name)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` whose ``find_class`` admits only :func:`_allowed_global`'s list.
+
+    Every way a pickle names a global (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*) goes through ``find_class``, so
+    nothing outside the list is ever imported or called. torch's ``persistent_load`` (set on the instance by
+    ``torch.load``) still supplies the tensor storages of zip-format files.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Protocol-2 pickles spell Python 3 names the Python 2 way (`__builtin__ set`); map them as pickle does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        return _allowed_global(module, name)
+
+
+def _restricted_load(file: Any, **kwargs: Any) -> Any:
+    return _RestrictedUnpickler(file, **kwargs).load()
+
+
+def _restricted_loads(data: bytes, **kwargs: Any) -> Any:
+    import io
+
+    return _RestrictedUnpickler(io.BytesIO(data), **kwargs).load()
+
+
+# A module-like object for ``torch.load(pickle_module=...)``: torch subclasses ``Unpickler`` (its wrapper's
+# ``find_class`` maps storage names, then defers to ours) and calls ``load`` for the legacy format's headers.
+restricted_pickle = types.ModuleType("yolo5l.weights.restricted_pickle")
+restricted_pickle.Unpickler = _RestrictedUnpickler  # type: ignore[attr-defined]
+restricted_pickle.load = _restricted_load  # type: ignore[attr-defined]
+restricted_pickle.loads = _restricted_loads  # type: ignore[attr-defined]
+restricted_pickle.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading an ultralytics checkpoint
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _check_file(path: str | os.PathLike[str]) -> str:
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        raise FileNotFoundError(f"{p}: no such file; pass the path of a yolov5 .pt file (e.g. yolov5s.pt)")
+    return p
+
+
+def _is_torchscript(path: str) -> bool:
+    # torch.load hands TorchScript archives to torch.jit.load, which runs the archive's code: refuse those first.
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as zf:
+        return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
+
+
+def _unpickle_ultralytics(path: str) -> Any:
+    if _is_torchscript(path):
+        raise ValueError(f"{path}: a TorchScript export, not a training checkpoint; use the yolov5 .pt file")
+    try:
+        return torch.load(path, map_location="cpu", pickle_module=restricted_pickle, weights_only=False)
+    except UnsafeCheckpointError as e:
+        raise UnsafeCheckpointError(e.module, e.name, path) from None
+    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
+
+
+def _module_dict(obj: Any) -> dict[str, Any]:
+    return obj.__dict__ if isinstance(obj, _StandIn) else {}
+
+
+def _collect_state_dict(obj: _StandIn, prefix: str = "", out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """Walk ``_parameters``/``_buffers``/``_modules`` of the stand-in tree as ``nn.Module.state_dict`` does."""
+    out = {} if out is None else out
+    d = _module_dict(obj)
+    non_persistent = d.get("_non_persistent_buffers_set") or set()
+    for k, v in (d.get("_parameters") or {}).items():
+        if isinstance(v, Tensor):
+            out[prefix + k] = v
+    for k, v in (d.get("_buffers") or {}).items():
+        if isinstance(v, Tensor) and k not in non_persistent:
+            out[prefix + k] = v
+    for k, m in (d.get("_modules") or {}).items():
+        if isinstance(m, _StandIn):
+            _collect_state_dict(m, f"{prefix}{k}.", out)
+    return out
+
+
+def _find_model(ckpt: Any, path: str) -> _StandIn:
+    if isinstance(ckpt, _StandIn):
+        return ckpt
+    if isinstance(ckpt, Mapping):
+        if "model_config" in ckpt and "state_dict" in ckpt:
+            raise ValueError(f"{path}: a yolo5l checkpoint, not an ultralytics one; use yolo5l.weights.load_checkpoint")
+        # Like yolov5's attempt_load: the EMA weights when present (training checkpoints), else `model`.
+        for key in ("ema", "model"):
+            if isinstance(ckpt.get(key), _StandIn):
+                return ckpt[key]
+        raise ValueError(
+            f"{path}: no yolov5 model in this file (keys: {sorted(map(str, ckpt))}); "
+            "expected a checkpoint written by ultralytics/yolov5 train.py (yolov5s.pt, best.pt, last.pt)"
+        )
+    raise ValueError(f"{path}: holds a {type(ckpt).__name__}, not a yolov5 checkpoint dict")
+
+
+def _check_architecture(model: _StandIn, path: str) -> list[_StandIn]:
+    seq = _module_dict(model).get("_modules", {}).get("model")
+    layers = list((_module_dict(seq).get("_modules") or {}).values())
+    found = [type(m).__name__ for m in layers]
+    expected = [block for _, _, block, _ in _LAYERS]
+    if found != expected:
+        hint = ""
+        if found[:1] == ["Focus"]:
+            hint = " (a yolov5 v5.0-or-older file with a Focus stem; re-export it with yolov5 v6+)"
+        elif len(found) > len(expected):
+            hint = " (a P6 model such as yolov5s6?)"
+        raise ValueError(
+            f"{path}: layers {found} do not match the YOLOv5 v6/v7 P3-P5 architecture yolo5l builds "
+            f"(yolov5n/s/m/l/x){hint}"
+        )
+    return layers
+
+
+def _file_names(model: _StandIn, nc: int) -> list[str]:
+    names = _module_dict(model).get("names")
+    if isinstance(names, Mapping):
+        names = [names[k] for k in sorted(names)]
+    if isinstance(names, (list, tuple)) and len(names) == nc:
+        return [str(n) for n in names]
+    return [str(i) for i in range(nc)]
+
+
+def _transfer(
+    model: YOLOv5, source: Mapping[str, Tensor], path: str, names: list[str], file_nc: int
+) -> tuple[YOLOv5, LoadInfo]:
+    """Copy tensors matching by key and shape (yolov5's ``intersect_dicts``), cast to the model's dtypes."""
+    target = model.state_dict()
+    new_sd: dict[str, Tensor] = {}
+    for k, v in source.items():
+        if k in target and target[k].shape == v.shape:
+            new_sd[k] = v.detach().to(target[k].dtype)
+    skipped = [k for k in target if k not in new_sd]
+    foreign = [k for k in skipped if not k.startswith(_HEAD_CONV_PREFIX)]
+    if foreign:
+        raise ValueError(
+            f"{path}: {len(foreign)} tensors do not fit the model built from its config (e.g. {foreign[:3]}); "
+            "the file's architecture differs from yolo5l's YOLOv5"
+        )
+    model.load_state_dict({**target, **new_sd})
+    if model.num_classes != file_nc:
+        names = [str(i) for i in range(model.num_classes)]
+    info = LoadInfo(path, names, len(new_sd), len(target), skipped, file_nc)
+    log.info("Transferred %d/%d items from %s", info.transferred, info.total, path)
+    return model, info
+
+
+def _to_device(model: YOLOv5, map_location: Any) -> YOLOv5:
+    if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type != "cpu":
+        model = model.to(map_location)
+    return model
+
+
+def load_ultralytics(
+    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+) -> tuple[YOLOv5, LoadInfo]:
+    """Build a :class:`YOLOv5` from an ultralytics/yolov5 v6-v7 ``.pt`` file, without ultralytics and without
+    running pickled code.
+
+    The model's depth/width come from the file's ``yaml``; its anchors from the ``model.24.anchors`` buffer (which
+    autoanchor may have changed, unlike the yaml). Tensors are cast to float32. With ``num_classes`` different from
+    the file's, everything but the Detect convolutions transfers (343/349 for yolov5s). Uses the EMA weights when
+    the file has them, as yolov5's ``attempt_load`` does. The model is returned in training mode.
+
+    Args:
+        path: The ``.pt`` file (e.g. ``yolov5s.pt``, or a ``best.pt`` from yolov5 train.py).
+        num_classes: Classes of the model to build; None keeps the file's.
+        map_location: Device to put the model on.
+
+    Returns:
+        ``(model, info)``; ``info.transferred``/``info.total`` are yolov5's "Transferred 349/349 items".
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        UnsafeCheckpointError: If the pickle refers to a global outside the allow-list (nothing is executed).
+        ValueError: If the file is not a yolov5 v6-v7 P3-P5 detection checkpoint.
+    """
+    p = _check_file(path)
+    ckpt = _unpickle_ultralytics(p)
+    src_model = _find_model(ckpt, p)
+    layers = _check_architecture(src_model, p)
+    cfg = _module_dict(src_model).get("yaml")
+    if not isinstance(cfg, Mapping) or not {"nc", "depth_multiple", "width_multiple"} <= set(cfg):
+        raise ValueError(f"{p}: the model has no yaml with nc/depth_multiple/width_multiple; not a yolov5 v6+ file")
+    detect = _module_dict(layers[-1])
+    anchors = (detect.get("_buffers") or {}).get("anchors")
+    stride = detect.get("stride", _module_dict(src_model).get("stride"))
+    if not isinstance(anchors, Tensor) or not isinstance(stride, Tensor) or stride.tolist() != list(STRIDES):
+        raise ValueError(f"{p}: Detect has no anchors buffer or strides other than {list(STRIDES)}")
+    file_nc = int(cfg["nc"])
+    anchor_px = anchors.float() * stride.float().view(-1, 1, 1)  # grid units -> pixels
+    model = YOLOv5(
+        num_classes=file_nc if num_classes is None else num_classes,
+        depth=float(cfg["depth_multiple"]),
+        width=float(cfg["width_multiple"]),
+        anchors=anchor_px,
+    )
+    model, info = _transfer(model, _collect_state_dict(src_model), p, _file_names(src_model, file_nc), file_nc)
+    return _to_device(model, map_location), info
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# yolo5l checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(model: YOLOv5, path: str | os.PathLike[str], names: list[str] | None = None) -> None:
+    """Write a plain yolo5l checkpoint that ``torch.load(weights_only=True)`` reads.
+
+    Args:
+        model: The model.
+        path: Output file.
+        names: Class names (defaults to ``["0", "1", ...]``).
+
+    Raises:
+        ValueError: If ``names`` does not have ``model.num_classes`` entries.
+    """
+    names = [str(i) for i in range(model.num_classes)] if names is None else [str(n) for n in names]
+    if len(names) != model.num_classes:
+        raise ValueError(f"{len(names)} names for a model with {model.num_classes} classes")
+    ckpt = {
+        "model_config": {
+            "depth": model.depth,
+            "width": model.width,
+            "num_classes": model.num_classes,
+            "anchors": model.anchor_pixels().detach().cpu().reshape(len(STRIDES), -1).tolist(),
+        },
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "names": names,
+    }
+    torch.save(ckpt, os.fspath(path))
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+) -> tuple[YOLOv5, LoadInfo]:
+    """Build a :class:`YOLOv5` from a yolo5l checkpoint (``python -m yolo5l.convert`` or :func:`save_checkpoint`).
+
+    Args:
+        path: The checkpoint.
+        num_classes: Classes of the model to build; None keeps the checkpoint's (else the Detect convs are fresh).
+        map_location: Device to put the model on.
+
+    Returns:
+        ``(model, info)`` as :func:`load_ultralytics`.
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: If the file is not a yolo5l checkpoint.
+    """
+    p = os.fspath(path)
+    if not os.path.isfile(p):
+        raise FileNotFoundError(f"{p}: no such file; pass a yolo5l checkpoint written by `python -m yolo5l.convert`")
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise _NotYolo5lCheckpoint(
+            f"{p}: not a yolo5l checkpoint (it needs more than weights to unpickle); for an ultralytics .pt use "
+            "yolo5l.weights.load_ultralytics or `python -m yolo5l.convert`"
+        ) from None
+    except (EOFError, RuntimeError, ValueError) as e:
+        raise _NotYolo5lCheckpoint(f"{p}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, Mapping) or not {"model_config", "state_dict"} <= set(ckpt):
+        keys = sorted(map(str, ckpt)) if isinstance(ckpt, Mapping) else type(ckpt).__name__
+        raise _NotYolo5lCheckpoint(f"{p}: not a yolo5l checkpoint (expected model_config and state_dict, found {keys})")
+    cfg = ckpt["model_config"]
+    file_nc = int(cfg["num_classes"])
+    model = YOLOv5(
+        num_classes=file_nc if num_classes is None else num_classes,
+        depth=float(cfg["depth"]),
+        width=float(cfg["width"]),
+        anchors=cfg["anchors"],
+    )
+    names = [str(n) for n in ckpt.get("names") or range(file_nc)]
+    model, info = _transfer(model, ckpt["state_dict"], p, names, file_nc)
+    return _to_device(model, map_location), info
+
+
+def load_weights(
+    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+) -> tuple[YOLOv5, LoadInfo]:
+    """Load either format: a yolo5l checkpoint, else an ultralytics/yolov5 ``.pt`` (restricted unpickling).
+
+    Args:
+        path: The file.
+        num_classes: Classes of the model to build; None keeps the file's.
+        map_location: Device to put the model on.
+
+    Returns:
+        ``(model, info)``.
+    """
+    try:
+        return load_checkpoint(path, num_classes, map_location)
+    except _NotYolo5lCheckpoint:
+        return load_ultralytics(path, num_classes, map_location)
