@@ -153,9 +153,10 @@ def label_cache_path(image_files: Sequence[str | Path], sources: Sequence[Path] 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
+        preset = path.parent.name if path.parent.name in ("coco", "coco128") else "{coco,coco128}"
         raise DatasetError(
             f"Dataset file {path} not found: pass the path of an ultralytics-style data yaml. For COCO or COCO128 in "
-            f"YOLO format, write it with `python -m yolo5l.data.coco2yolo --write-yaml coco --out {path.parent}`; "
+            f"YOLO format, write it with `python -m yolo5l.data.coco2yolo --write-yaml {preset} --out {path.parent}`; "
             "to convert COCO JSON annotations, `python -m yolo5l.data.coco2yolo --json ... --images ... --out ...`."
         )
     try:
