@@ -6,7 +6,7 @@ the autograd graph of the reference. The same two functions can be handed to ``t
 ``ciou.py``), which fuses each of them into one loop.
 
 Gradient conventions match torch autograd on the reference exactly: at ties ``minimum``/``maximum`` split the
-gradient half/half, and ``clamp(min=0)`` passes the gradient at 0.
+gradient half/half, and ``clamp(min=0)`` gives no gradient at exactly 0.
 
 Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(xywh=True, CIoU=True)``.
 """
@@ -21,12 +21,14 @@ from torch import Tensor
 _V_SCALE = 4.0 / math.pi**2
 
 
-def ciou_fwd(t: Tensor, eps: float) -> tuple[Tensor, ...]:
+def ciou_fwd(t: Tensor, eps: float, alpha: Tensor | None = None) -> tuple[Tensor, ...]:
     """Forward on packed boxes.
 
     Args:
         t: (2, 4, N) rows ``cx, cy, w, h`` of box1 (``t[0]``) and box2 (``t[1]``), float32 or float64.
         eps: the CIoU stabiliser.
+        alpha: (N,) fixed alpha to use instead of computing it (lets tests gradcheck the backward, which treats
+            alpha as a constant).
 
     Returns:
         ``(ciou (N,), *saved)``; ``saved`` is what :func:`ciou_bwd` needs.
@@ -47,7 +49,8 @@ def ciou_fwd(t: Tensor, eps: float) -> tuple[Tensor, ...]:
     ang = torch.atan(wh[:, 0] / hh)
     dang = ang[1] - ang[0]
     v = _V_SCALE * dang * dang
-    alpha = v / (v - iou + (1 + eps))  # a constant for autograd, as in YOLOv5 (no_grad)
+    if alpha is None:  # a constant for autograd, as in YOLOv5 (no_grad); clamp: see reference.py
+        alpha = v / (v - iou + (1 + eps)).clamp(min=eps)
     rc2 = 1.0 / c2
     ciou = iou - (rho2 * rc2 + alpha * v)
     return ciou, lo, hi, wh, iwh_raw, iwh, union, iou, cwh, rc2, rho2, d, hh, dang, alpha
@@ -70,7 +73,7 @@ def ciou_bwd(
     ru = 1.0 / union
     g_inter = g * (1.0 + iou) * ru
     g_union = -g * iou * ru  # -> areas
-    g_iwh = (g_inter * iwh.flip(0)) * (iwh_raw >= 0)  # (2 axes, N); clamp passes the gradient at 0
+    g_iwh = (g_inter * iwh.flip(0)) * (iwh_raw > 0)  # (2 axes, N); torch's clamp blocks the gradient at 0
     g_cwh = (2.0 * g * rho2 * rc2 * rc2) * cwh  # from c2 = cw^2 + ch^2 + eps
     # Weights of box1 in min(hi0, hi1) and in max(lo0, lo1) (1, 0.5 at ties, 0); box2 gets the complement, and
     # in the enclosing box's max(hi)/min(lo) the roles swap.

@@ -66,7 +66,7 @@ def _ciou_fwd_kernel(b1_ptr, b2_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
     rho2 = dx * dx + dy * dy
     dang = _atan(w2 / (h2 + eps)) - _atan(w1 / (h1 + eps))
     v = 0.4052847345693511 * dang * dang
-    alpha = v / (v - iou + (1.0 + eps))
+    alpha = v / tl.maximum(v - iou + (1.0 + eps), eps)
     ciou = iou - (rho2 / c2 + alpha * v)
     tl.store(out_ptr + offs, ciou.to(out_ptr.dtype.element_ty), mask=m)
 
@@ -102,13 +102,13 @@ def _ciou_bwd_kernel(b1_ptr, b2_ptr, g_ptr, g1_ptr, g2_ptr, n, eps, BLOCK: tl.co
     hh1, hh2 = h1 + eps, h2 + eps
     dang = _atan(w2 / hh2) - _atan(w1 / hh1)
     v = 0.4052847345693511 * dang * dang
-    alpha = v / (v - iou + (1.0 + eps))
+    alpha = v / tl.maximum(v - iou + (1.0 + eps), eps)
     # Backward.
     ru = 1.0 / union
     g_inter = g * (1.0 + iou) * ru
     g_union = -g * iou * ru
-    g_iw = tl.where(iw_raw >= 0, g_inter * ih, 0.0)
-    g_ih = tl.where(ih_raw >= 0, g_inter * iw, 0.0)
+    g_iw = tl.where(iw_raw > 0, g_inter * ih, 0.0)  # torch's clamp: no gradient at 0
+    g_ih = tl.where(ih_raw > 0, g_inter * iw, 0.0)
     g_c = 2.0 * g * rho2 * rc2 * rc2
     g_cw = g_c * cw
     g_ch = g_c * ch

@@ -67,7 +67,9 @@ def _ciou_from_parts(
     # Aspect-ratio consistency; +eps on h keeps zero-height boxes finite (YOLOv5 <= v6.2 put it on h).
     v = _V_SCALE * (torch.atan(w2 / (h2 + eps)) - torch.atan(w1 / (h1 + eps))) ** 2
     with torch.no_grad():  # alpha is a constant weight in YOLOv5: no gradient flows through it.
-        alpha = v / (v - iou + (1 + eps))
+        # The clamp only acts where rounding lets iou exceed 1 by more than eps (fp32, identical boxes): there
+        # YOLOv5 divides 0 by <= 0 and returns NaN; here alpha stays finite.
+        alpha = v / (v - iou + (1 + eps)).clamp(min=eps)
     return iou - (rho2 / c2 + v * alpha)
 
 
@@ -81,7 +83,7 @@ def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = 1e-7) -> Tensor:
         c^2   = cw^2 + ch^2 + eps                         (cw, ch: enclosing box)
         rho^2 = (cx2 - cx1)^2 + (cy2 - cy1)^2
         v     = 4/pi^2 * (atan(w2 / (h2 + eps)) - atan(w1 / (h1 + eps)))^2
-        alpha = v / (v - iou + 1 + eps)                   (no gradient)
+        alpha = v / max(v - iou + 1 + eps, eps)           (no gradient)
         CIoU  = iou - (rho^2 / c^2 + alpha * v)
 
     Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(xywh=True, CIoU=True)``.
