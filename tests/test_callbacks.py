@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _module_helpers import TinyData, tiny_module, trainer
+
+from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
+from yolo5l.weights import load_checkpoint
+
+
+class _Net(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(3, 2)
+        self.register_buffer("scale", torch.ones(2))
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+
+
+def _perturb(net, k):
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p))
+        net.scale.mul_(1.5)
+        net.count.fill_(k)
+
+
+def test_ema_matches_averaged_model_at_fixed_decay():
+    net = _Net()
+    cb = EMACallback(decay=0.9, tau=1e-12)  # the ramp is already at `decay` after one update
+    cb._build(net)
+    ref = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    ref.update_parameters(net)  # first call copies
+    for k in range(1, 6):
+        _perturb(net, k)
+        cb.on_train_batch_end(SimpleNamespace(global_step=k), net, None, None, k)
+        ref.update_parameters(net)
+    ema = cb.ema_state_dict
+    for name, v in ref.module.state_dict().items():
+        if v.is_floating_point():
+            torch.testing.assert_close(ema[name], v, rtol=1e-6, atol=1e-6)
+    assert int(ema["count"]) == 5  # integer buffers are copied
+    assert cb.updates == 5
+
+
+def test_ema_skips_micro_batches_without_a_step():
+    net = _Net()
+    cb = EMACallback(decay=0.9, tau=1e-12)
+    cb._build(net)
+    before = {k: v.clone() for k, v in cb.ema_state_dict.items()}
+    _perturb(net, 1)
+    cb.on_train_batch_end(SimpleNamespace(global_step=-1), net, None, None, 0)
+    assert cb.updates == 0
+    torch.testing.assert_close(cb.ema_state_dict, before)
+
+
+def test_ema_decay_ramp_values():
+    cb = EMACallback()  # 0.9999, tau 2000
+    assert cb.decay_at(100) == pytest.approx(0.9999 * (1 - 2.718281828459045 ** -0.05))
+    assert cb.decay_at(100) == pytest.approx(0.0488, abs=1e-4)
+    assert cb.decay_at(1000) == pytest.approx(0.3934, abs=1e-4)
+    assert cb.decay_at(2000) == pytest.approx(0.6321, abs=1e-4)
+    assert cb.state_dict() == {"updates": 0}
+
+
+def test_ema_swap_in_and_out():
+    net = _Net()
+    cb = EMACallback(decay=0.5, tau=1e-12)
+    cb._build(net)
+    _perturb(net, 1)
+    cb.on_train_batch_end(SimpleNamespace(global_step=1), net, None, None, 0)
+    raw = {k: v.clone() for k, v in net.state_dict().items()}
+    ema = {k: v.clone() for k, v in cb.ema_state_dict.items()}
+    assert not torch.equal(raw["a.weight"], ema["a.weight"])
+    cb.on_validation_epoch_start(None, net)
+    torch.testing.assert_close(net.state_dict(), ema)
+    cb.on_validation_epoch_end(None, net)
+    torch.testing.assert_close(net.state_dict(), raw)
+    cb.on_train_end(None, net)
+    torch.testing.assert_close(net.state_dict(), ema)
+
+
+class _StopAfter(pl.Callback):
+    def __init__(self, epoch):
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch == self.epoch:
+            trainer.should_stop = True
+
+
+def _fit(tmp_path, max_epochs, stop_after=None, ckpt_path=None, ckpt_dir="ck"):
+    module = tiny_module()
+    ema = EMACallback(decay=0.9999, tau=3)
+    cbs = [ema, LastCheckpoint(dirpath=tmp_path / ckpt_dir)]
+    if stop_after is not None:
+        cbs.append(_StopAfter(stop_after))
+    tr = trainer(tmp_path, cbs, max_epochs=max_epochs, plugins=[AtomicCheckpointIO()], deterministic=True)
+    tr.fit(module, TinyData(), ckpt_path=ckpt_path)
+    return tr, module, ema
+
+
+def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
+    # uninterrupted: 3 epochs
+    tr_a, mod_a, ema_a = _fit(tmp_path / "a", 3)
+    # interrupted after epoch 0, then resumed from last.ckpt to the same 3 epochs
+    tr_b, _, _ = _fit(tmp_path / "b", 3, stop_after=0)
+    last = tmp_path / "b" / "ck" / "last.ckpt"
+    assert last.exists() and tr_b.current_epoch == 1
+    ck = torch.load(last, weights_only=True)
+    assert ck["epoch"] == 0 and "current_model_state" in ck
+    assert ck["callbacks"][next(k for k in ck["callbacks"] if "EMACallback" in k)] == {"updates": 2}
+    assert not any(p.name.endswith(".tmp") for p in last.parent.iterdir())
+    tr_c, mod_c, ema_c = _fit(tmp_path / "b", 3, ckpt_path=last)
+    assert tr_c.current_epoch == 3 and tr_c.global_step == tr_a.global_step == 6
+    assert ema_c.updates == ema_a.updates == 6
+    # training ended: the models hold the EMA weights, which must agree exactly, and so must the raw weights
+    for (k, va), vc in zip(mod_a.state_dict().items(), mod_c.state_dict().values(), strict=True):
+        torch.testing.assert_close(va, vc, rtol=0, atol=0, msg=k)
+    raw_a = torch.load(tmp_path / "a" / "ck" / "last.ckpt", weights_only=True)["current_model_state"]
+    raw_c = torch.load(last, weights_only=True)["current_model_state"]
+    for k in raw_a:
+        torch.testing.assert_close(raw_a[k], raw_c[k], rtol=0, atol=0, msg=k)
+
+
+def test_stripped_weights_small_and_loadable(tmp_path):
+    _fit(tmp_path, 1)
+    w, last = tmp_path / "ck" / "weights.pt", tmp_path / "ck" / "last.ckpt"
+    assert w.exists()
+    assert w.stat().st_size < last.stat().st_size / 3
+    ck = torch.load(w, weights_only=True)
+    assert set(ck) == {"model_config", "state_dict", "names"} and ck["names"] == ["a", "b"]
+    assert ck["state_dict"]["model.0.conv.weight"].dtype == torch.float16
+    model, _ = load_checkpoint(w)
+    assert model.num_classes == 2
+
+
+class _Boom:
+    def __reduce__(self):
+        raise RuntimeError("disk full (simulated)")
+
+
+def test_atomic_checkpoint_io_keeps_old_file_on_failure(tmp_path):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"epoch": 1, "w": torch.ones(3)}, path)
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"epoch": 2, "w": torch.zeros(3), "boom": _Boom()}, path)
+    assert torch.load(path, weights_only=True)["epoch"] == 1
+    assert os.listdir(tmp_path) == ["last.ckpt"]
+
+
+class _ValRecorder(pl.Callback):
+    def __init__(self):
+        self.epochs = []
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self.epochs.append(trainer.current_epoch)
+
+
+def _boring_trainer(tmp_path, cbs, max_epochs):
+    return pl.Trainer(
+        accelerator="cpu", max_epochs=max_epochs, callbacks=cbs, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path, limit_train_batches=2,
+        limit_val_batches=1, enable_checkpointing=False,
+    )
+
+
+def test_val_every_n_epochs(tmp_path):
+    cb = ValEveryNEpochs(2)
+    assert [cb.should_validate(e, 5) for e in range(5)] == [False, True, False, True, True]
+    rec = _ValRecorder()
+    _boring_trainer(tmp_path, [cb, rec], 5).fit(BoringModel())
+    assert rec.epochs == [1, 3, 4]
+    with pytest.raises(ValueError, match="positive"):
+        ValEveryNEpochs(0)
+
+
+class _SlowData(RandomDataset):
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.03)
+        return super().__getitem__(i)
+
+
+def test_throughput_monitor_warns_on_slow_data(tmp_path):
+    class Model(BoringModel):
+        def train_dataloader(self):
+            return DataLoader(_SlowData(32, 16), batch_size=2)
+
+    mon = ThroughputMonitor(warn_above=0.10, verbose=False)
+    with pytest.warns(UserWarning, match="num_workers"):
+        _boring_trainer(tmp_path, [mon], 1).fit(Model())
+    assert mon.last["data_wait"] > 0.5
+    assert mon.last["images_per_sec"] > 0
