@@ -73,9 +73,7 @@ def test_convert_tiny_coco(tmp_path):
     assert (out / "labels" / "val2017" / "000000000003.txt").read_text() == ""  # background: empty file
     assert (out / "labels" / "val2017" / "000000000002.txt").read_text() == ""
     assert not (out / "labels" / "val2017" / "000000000004.txt").exists()
-    assert (out / "val2017.txt").read_text().splitlines() == [
-        f"./images/val2017/{i:012d}.jpg" for i in (1, 2, 3)
-    ]
+    assert (out / "val2017.txt").read_text().splitlines() == [f"./images/val2017/{i:012d}.jpg" for i in (1, 2, 3)]
 
     data = yaml.safe_load((out / "data.yaml").read_text())
     assert data["val"] == "val2017.txt"
