@@ -4,8 +4,10 @@ YOLOv5's neck upsamples twice per forward pass (``nn.Upsample(None, 2, "nearest"
 ``F.interpolate`` computes a source index per output element; for an exact factor of 2 the forward is a
 broadcast copy and the backward the sum of each 2x2 block, which is what this module does:
 
-- CPU (and any device without Triton): forward as ``expand`` + ``reshape`` of a 6-d view, backward as
+- ``"torch"`` (any device): forward as ``expand`` + ``reshape`` of a 6-d view, backward as
   ``view(..., 2, ..., 2).sum``; both work on an NHWC view for channels_last tensors, so the memory format is kept.
+  Measured on this project's 2-core CPU it is *slower* than ``F.interpolate`` at (16, 32, 80, 80) (about 0.25-0.45x,
+  ``scripts/bench_kernels.py``), so ``"auto"`` uses ``F.interpolate`` on the CPU.
 - CUDA: one Triton kernel each way (``_triton_upsample.py``), stride-generic, fp32 accumulation in the backward.
 
 The output has the memory format of the input (channels_last in, channels_last out) and its dtype.
@@ -83,7 +85,7 @@ def upsample_nearest2x(x: Tensor, backend: str = "auto") -> Tensor:
 
     Args:
         x: (N, C, H, W) tensor of any float dtype, contiguous or channels_last.
-        backend: ``"auto"`` (Triton on CUDA, torch views elsewhere), ``"torch"``, ``"triton"`` or
+        backend: ``"auto"`` (Triton on CUDA, ``F.interpolate`` elsewhere), ``"torch"``, ``"triton"`` or
             ``"reference"`` (``F.interpolate``).
 
     Returns:
@@ -96,7 +98,7 @@ def upsample_nearest2x(x: Tensor, backend: str = "auto") -> Tensor:
         raise ValueError(f"yolo5l_kernels.upsample: unknown backend {backend!r}; use one of {BACKENDS}")
     if x.dim() != 4:
         raise ValueError(f"yolo5l_kernels.upsample: expected an (N, C, H, W) tensor, got shape {tuple(x.shape)}")
-    if backend == "reference":
+    if backend == "reference" or (backend == "auto" and not x.is_cuda):
         return nn.functional.interpolate(x, scale_factor=2, mode="nearest")
     if backend == "triton" or (backend == "auto" and x.is_cuda):
         return _Up2xTriton.apply(x)
