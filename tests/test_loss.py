@@ -614,3 +614,21 @@ def test_no_sync_on_cuda():
         torch.cuda.set_sync_debug_mode("default")
     ref_total, _ = oracle_loss([h.detach().cpu() for h in heads], targets.cpu(), ANCHORS_64, 3, imgsz=64)
     torch.testing.assert_close(total.cpu(), ref_total, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiles_as_one_graph_with_dynamic_target_count():
+    # fullgraph=True fails on any graph break, and every data-dependent op (.item(), masks, nonzero) is one.
+    # The pure-torch CIoU keeps this about the loss itself (about 70 s on one CPU core).
+    loss = YOLOv5Loss(3, ANCHORS_64, STRIDES, imgsz=64, ciou_backend="reference")
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True)
+    heads, targets = _random_case(0, 3)
+    for t in (targets, targets[:9]):
+        h1 = [h.clone().requires_grad_() for h in heads]
+        h2 = [h.clone().requires_grad_() for h in heads]
+        total, items = compiled(h1, t)
+        ref_total, ref_items = loss(h2, t)
+        torch.testing.assert_close(total, ref_total, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(items, ref_items, rtol=1e-5, atol=1e-6)
+        for g1, g2 in zip(torch.autograd.grad(total, h1), torch.autograd.grad(ref_total, h2)):
+            torch.testing.assert_close(g1, g2, rtol=1e-4, atol=1e-6)

@@ -129,6 +129,9 @@ class YOLOv5Loss(nn.Module):
     offset-major, then anchor, then target; picked deterministically with ``scatter_reduce("amax")`` on the
     row index). No ``.item()``, boolean-mask indexing or ``nonzero``: every shape depends only on N.
 
+    Deviation: everything (including the objectness targets) is float32 even under AMP, where ultralytics
+    keeps ``tobj`` in the head's half dtype; the difference is the fp16 rounding of the CIoU targets.
+
     Targets with a class id outside ``[0, num_classes)`` get no positive class target (ultralytics would
     raise); image indices must lie in ``[0, B)``. Checking either would need a host sync.
 
