@@ -148,14 +148,19 @@ def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
         ips = _num(r.get("images_per_sec"))
         return (ips != ips, -ips if ips == ips else 0.0)  # NaN sorts last
 
-    lines = [
+    # Show what differs between jobs; the overrides all jobs share go above the table.
+    tokens = [str(r.get("overrides", "")).split() for r in rows]
+    common = [t for t in tokens[0] if all(t in other for other in tokens[1:])] if len(rows) > 1 else []
+    lines = [f"Common overrides: `{' '.join(common)}`", ""] if common else []
+    lines += [
         "| job | overrides | images/s | data wait | mAP@0.5 | mAP@0.5:0.95 | wall time (s) | status |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in sorted(rows, key=key):
         wait = _num(r.get("data_wait"))
+        own = " ".join(t for t in str(r.get("overrides", "")).split() if t not in common)
         lines.append(
-            f"| {r.get('job', '')} | `{r.get('overrides', '') or '(defaults)'}` | {_num(r.get('images_per_sec')):.1f} "
+            f"| {r.get('job', '')} | `{own or '(defaults)'}` | {_num(r.get('images_per_sec')):.1f} "
             f"| {wait:.1%} | {_num(r.get('map_50')):.4f} | {_num(r.get('map')):.4f} "
             f"| {_num(r.get('wall_s')):.1f} | {r.get('status', '')} |"
         )
