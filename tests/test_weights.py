@@ -8,6 +8,7 @@ layout (half precision, in the dict train.py writes), then removed again before 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import copy
 import logging
 import math
@@ -244,16 +245,26 @@ def _ultralytics_ckpt(model: nn.Module | None, ema: nn.Module | None = None) -> 
     }
 
 
-@pytest.fixture(scope="module")
-def ultralytics_file(tmp_path_factory):
-    """yolov5s.pt in ultralytics' format plus a float32 reference output of the same (fp16-rounded) weights."""
-    root = tmp_path_factory.mktemp("ultralytics")
+@contextlib.contextmanager
+def fake_ultralytics():
+    """Install the fake `models` package for as long as a test pickles with it."""
     fakes = _fake_ultralytics_modules()
     assert not any(name in sys.modules for name in fakes)
     sys.modules.update(fakes)
     try:
+        yield fakes["models.yolo"]
+    finally:
+        for name in fakes:
+            sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def ultralytics_file(tmp_path_factory):
+    """yolov5s.pt in ultralytics' format plus a float32 reference output of the same (fp16-rounded) weights."""
+    root = tmp_path_factory.mktemp("ultralytics")
+    with fake_ultralytics() as yolo:
         torch.manual_seed(0)
-        model = fakes["models.yolo"].DetectionModel(YOLOV5S_YAML)
+        model = yolo.DetectionModel(YOLOV5S_YAML)
         _randomize(model)
         with torch.no_grad():  # as if autoanchor had refined the anchors: the buffer, not the yaml, is the truth
             model.model[-1].anchors.mul_(1.1)
@@ -270,9 +281,6 @@ def ultralytics_file(tmp_path_factory):
             ema.model[0].conv.weight.fill_(0.25)
         both_path = root / "last.pt"
         torch.save(_ultralytics_ckpt(model, ema), both_path)
-    finally:
-        for name in fakes:
-            sys.modules.pop(name, None)
     return types.SimpleNamespace(path=path, both_path=both_path, x=x, pred=pred, reference=reference)
 
 
@@ -404,6 +412,17 @@ def test_clear_errors_for_wrong_inputs(tmp_path, ultralytics_file):
         load_ultralytics(scripted)
 
 
+def test_other_architecture_is_named(tmp_path):
+    cfg = copy.deepcopy(YOLOV5S_YAML)
+    cfg["width_multiple"] = 0.125
+    cfg["backbone"][9] = [-1, 1, "Conv", [1024, 1, 1]]  # no SPPF
+    path = tmp_path / "custom.pt"
+    with fake_ultralytics() as yolo:
+        torch.save(_ultralytics_ckpt(yolo.DetectionModel(cfg).half()), path)
+    with pytest.raises(ValueError, match=r"custom\.pt: layer 9 is Conv where .* has SPPF \(25 layers, expected 25\)"):
+        load_ultralytics(path)
+
+
 def test_convert_cli_round_trip(tmp_path, ultralytics_file, capsys):
     out = tmp_path / "yolov5s_yolo5l.pt"
     assert convert_main([str(ultralytics_file.path), str(out)]) == 0
@@ -419,14 +438,18 @@ def test_convert_cli_round_trip(tmp_path, ultralytics_file, capsys):
 
     converted, info = load_checkpoint(out)
     assert (info.transferred, info.total, info.names[0]) == (349, 349, "class0")
-    direct, _ = load_ultralytics(ultralytics_file.path)
-    via_dispatch, _ = load_weights(out)
-    for m in (converted, direct, via_dispatch):
-        m.eval()
+    ref_sd = ultralytics_file.reference.state_dict()
+    for k, v in converted.state_dict().items():  # lossless: the fp16 values, in float32
+        torch.testing.assert_close(v, ref_sd[k].to(v.dtype), rtol=0, atol=0, msg=k)
+    converted.eval()
     with torch.no_grad():
-        expected = direct.decode(direct(ultralytics_file.x))
-        torch.testing.assert_close(converted.decode(converted(ultralytics_file.x)), expected, rtol=0, atol=0)
-        torch.testing.assert_close(via_dispatch.decode(via_dispatch(ultralytics_file.x)), expected, rtol=0, atol=0)
+        pred = converted.decode(converted(ultralytics_file.x))
+    torch.testing.assert_close(pred, ultralytics_file.pred, rtol=1e-4, atol=1e-3)
+    # load_weights reads both formats (load_ultralytics alone would refuse the yolo5l file).
+    for path in (out, ultralytics_file.path):
+        via_dispatch, dispatch_info = load_weights(path)
+        assert (dispatch_info.source, dispatch_info.transferred) == (str(path), 349)
+        torch.testing.assert_close(via_dispatch.state_dict(), converted.state_dict(), rtol=0, atol=0)
 
     # Fine-tuning to another class count, from the converted file and at conversion time.
     model3, info3 = load_checkpoint(out, num_classes=3)

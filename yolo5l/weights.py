@@ -54,8 +54,10 @@ class _NotYolo5lCheckpoint(ValueError):
     """The file is not in yolo5l's checkpoint format (lets :func:`load_weights` try the ultralytics format)."""
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
     """A pickle asked for a global outside the allow-list; nothing it referred to was called.
+
+    Also a ``ValueError``, so callers that report bad input files by catching ``ValueError`` report this too.
 
     Attributes:
         module: Module of the refused global.
@@ -110,11 +112,11 @@ class _StandIn:
         return f"<stand-in for {self.pickled_as}>"
 
 
-# Module classes an ultralytics/yolov5 v6-v7 pickle refers to (+ v5-era Focus/SPP and other activations, so that
-# such files fail later with a clear architecture message instead of a refusal).
+# Module classes an ultralytics/yolov5 v6-v7 pickle refers to (+ v5-era Focus/SPP, other activations and the v7
+# segmentation/classification models, so that such files fail later with a clear architecture message).
 _MODULE_CLASSES: dict[str, tuple[str, ...]] = {
-    "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP"),
-    "models.yolo": ("Detect", "DetectionModel", "Model"),
+    "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
+    "models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
     "torch.nn.modules.activation": ("SiLU", "ReLU", "LeakyReLU", "Hardswish"),
     "torch.nn.modules.batchnorm": ("BatchNorm2d",),
     "torch.nn.modules.container": ("ModuleList", "Sequential"),
@@ -287,11 +289,17 @@ def _check_architecture(model: _StandIn, path: str) -> list[_StandIn]:
         hint = ""
         if found[:1] == ["Focus"]:
             hint = " (a yolov5 v5.0-or-older file with a Focus stem; re-export it with yolov5 v6+)"
+        elif found[-1:] == ["Segment"] or found[-1:] == ["Classify"]:
+            hint = f" (a yolov5 {found[-1]} model; yolo5l loads detection models)"
         elif len(found) > len(expected):
             hint = " (a P6 model such as yolov5s6?)"
+        pairs = enumerate(zip(found, expected, strict=False))
+        i = next((j for j, (a, b) in pairs if a != b), min(len(found), len(expected)))
+        got = found[i] if i < len(found) else "nothing"
         raise ValueError(
-            f"{path}: layers {found} do not match the YOLOv5 v6/v7 P3-P5 architecture yolo5l builds "
-            f"(yolov5n/s/m/l/x){hint}"
+            f"{path}: layer {i} is {got} where the YOLOv5 v6/v7 P3-P5 detector (yolov5n/s/m/l/x) that yolo5l builds "
+            f"has {expected[i] if i < len(expected) else 'no layer'} ({len(found)} layers, expected {len(expected)})"
+            f"{hint}"
         )
     return layers
 
