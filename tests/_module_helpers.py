@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -78,3 +79,12 @@ def trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
     }
     args.update(kw)
     return pl.Trainer(callbacks=list(callbacks), **args)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest single-threaded on the shared CPU (two threads oversubscribe under load)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -14,7 +14,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _module_helpers import TinyData, tiny_module, trainer
+from _module_helpers import TinyData, one_thread, tiny_module, trainer  # noqa: F401 (one_thread: fixture)
 
 from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
 from yolo5l.weights import load_checkpoint
@@ -107,24 +107,28 @@ def _fit(tmp_path, max_epochs, stop_after=None, ckpt_path=None, ckpt_dir="ck"):
     cbs = [ema, LastCheckpoint(dirpath=tmp_path / ckpt_dir)]
     if stop_after is not None:
         cbs.append(_StopAfter(stop_after))
-    tr = trainer(tmp_path, cbs, max_epochs=max_epochs, plugins=[AtomicCheckpointIO()], deterministic=True)
+    tr = trainer(tmp_path, cbs, max_epochs=max_epochs, plugins=[AtomicCheckpointIO()])
     tr.fit(module, TinyData(), ckpt_path=ckpt_path)
     return tr, module, ema
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
     # uninterrupted: 3 epochs
     tr_a, mod_a, ema_a = _fit(tmp_path / "a", 3)
     # interrupted after epoch 0, then resumed from last.ckpt to the same 3 epochs
     tr_b, _, _ = _fit(tmp_path / "b", 3, stop_after=0)
     last = tmp_path / "b" / "ck" / "last.ckpt"
-    assert last.exists() and tr_b.current_epoch == 1
+    assert last.exists()
+    assert tr_b.current_epoch == 1
     ck = torch.load(last, weights_only=True)
-    assert ck["epoch"] == 0 and "current_model_state" in ck
+    assert ck["epoch"] == 0
+    assert "current_model_state" in ck
     assert ck["callbacks"][next(k for k in ck["callbacks"] if "EMACallback" in k)] == {"updates": 2}
     assert not any(p.name.endswith(".tmp") for p in last.parent.iterdir())
     tr_c, mod_c, ema_c = _fit(tmp_path / "b", 3, ckpt_path=last)
-    assert tr_c.current_epoch == 3 and tr_c.global_step == tr_a.global_step == 6
+    assert tr_c.current_epoch == 3
+    assert tr_c.global_step == tr_a.global_step == 6
     assert ema_c.updates == ema_a.updates == 6
     # training ended: the models hold the EMA weights, which must agree exactly, and so must the raw weights
     for (k, va), vc in zip(mod_a.state_dict().items(), mod_c.state_dict().values(), strict=True):
@@ -135,13 +139,15 @@ def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
         torch.testing.assert_close(raw_a[k], raw_c[k], rtol=0, atol=0, msg=k)
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_stripped_weights_small_and_loadable(tmp_path):
     _fit(tmp_path, 1)
     w, last = tmp_path / "ck" / "weights.pt", tmp_path / "ck" / "last.ckpt"
     assert w.exists()
     assert w.stat().st_size < last.stat().st_size / 3
     ck = torch.load(w, weights_only=True)
-    assert set(ck) == {"model_config", "state_dict", "names"} and ck["names"] == ["a", "b"]
+    assert set(ck) == {"model_config", "state_dict", "names"}
+    assert ck["names"] == ["a", "b"]
     assert ck["state_dict"]["model.0.conv.weight"].dtype == torch.float16
     model, _ = load_checkpoint(w)
     assert model.num_classes == 2
