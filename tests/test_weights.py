@@ -412,6 +412,26 @@ def test_clear_errors_for_wrong_inputs(tmp_path, ultralytics_file):
         load_ultralytics(scripted)
 
 
+@pytest.mark.filterwarnings("ignore:Couldn't retrieve source code")  # saving the fakes (renamed classes)
+def test_legacy_torch_save_format(tmp_path):
+    # Files from torch < 1.6 are not zip archives; the legacy reader takes the same restricted unpickler.
+    cfg = {**copy.deepcopy(YOLOV5S_YAML), "width_multiple": 0.125, "nc": 2}
+    path = tmp_path / "legacy.pt"
+    with fake_ultralytics() as yolo:
+        fake = yolo.DetectionModel(cfg)
+        _randomize(fake)
+        torch.save(_ultralytics_ckpt(fake.half()), path, _use_new_zipfile_serialization=False)
+    assert not zipfile.is_zipfile(path)
+    model, info = load_ultralytics(path)
+    assert (info.transferred, info.total, model.width, model.num_classes) == (349, 349, 0.125, 2)
+    torch.testing.assert_close(
+        model.state_dict(),
+        {k: v.float() if v.is_floating_point() else v for k, v in fake.state_dict().items()},
+        rtol=0,
+        atol=0,
+    )
+
+
 def test_other_architecture_is_named(tmp_path):
     cfg = copy.deepcopy(YOLOV5S_YAML)
     cfg["width_multiple"] = 0.125

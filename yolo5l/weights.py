@@ -24,6 +24,7 @@ import os
 import pathlib
 import pickle
 import types
+import warnings
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,8 @@ class _StandIn:
     """Inert stand-in for a pickled module object: pickle's BUILD fills ``__dict__``, nothing else runs."""
 
     pickled_as = ""
+    # torch's legacy (non-zip) reader compares saved class sources and, with dump_patches, writes .patch files.
+    dump_patches = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # REDUCE of old protocols calls cls(*args)
         pass
@@ -235,7 +238,10 @@ def _unpickle_ultralytics(path: str) -> Any:
     if _is_torchscript(path):
         raise ValueError(f"{path}: a TorchScript export, not a training checkpoint; use the yolov5 .pt file")
     try:
-        return torch.load(path, map_location="cpu", pickle_module=restricted_pickle, weights_only=False)
+        with warnings.catch_warnings():
+            # The legacy format stores class sources to compare against; stand-ins have none. Not a problem.
+            warnings.filterwarnings("ignore", message="Couldn't retrieve source code for container")
+            return torch.load(path, map_location="cpu", pickle_module=restricted_pickle, weights_only=False)
     except UnsafeCheckpointError as e:
         raise UnsafeCheckpointError(e.module, e.name, path) from None
     except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, TypeError, AttributeError) as e:
