@@ -285,6 +285,11 @@ class YOLOv5(nn.Module):
         self._from = froms
         self._save = frozenset(j for f in froms if f != -1 for j in f if j != -1)
         assert tuple(sorted(self._save)) == SAVE
+        # The strides are fixed by the architecture (P3/8, P4/16, P5/32), so they are set rather than measured.
+        # YOLOv5 measures them with a forward pass of a zero image in train mode, which as a side effect leaves every
+        # BatchNorm at running_var 0.9 and num_batches_tracked 1; with momentum 0.03 that start washes out within
+        # the first ~100 iterations, long before the running statistics are first used (validation), so it is not
+        # reproduced here.
         self.register_buffer("stride", torch.tensor(STRIDES), persistent=False)  # (3,) [8, 16, 32]
 
     @classmethod
