@@ -1,0 +1,28 @@
+"""notebooks/quickstart.ipynb runs top to bottom (nbclient, the venv's python3 kernel)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quickstart_notebook_runs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    if Path(spec.argv[0]).resolve() != Path(sys.executable).resolve() and spec.argv[0] != "python":
+        pytest.skip(f"kernel python3 runs {spec.argv[0]}, not this interpreter")
+    nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    assert (tmp_path / "runs" / "notebook" / "metrics.csv").is_file()
+    out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert "val/map_50" in out
