@@ -26,7 +26,6 @@ def smoke_args(tmp: Path, *extra: str) -> list[str]:
         "experiment=smoke",
         f"hydra.run.dir={tmp / 'run'}",
         f"data.synthetic.root={tmp.parent / 'synthetic'}",  # shared by the tests of this module
-        "callbacks=[ema,checkpoint]",
         *extra,
     ]
 
@@ -107,7 +106,6 @@ def test_learns_on_synthetic(tmp_path):
         "experiment=synthetic_learn",
         f"hydra.run.dir={tmp_path / 'run'}",
         f"data.synthetic.root={tmp_path / 'synthetic'}",
-        "callbacks=[ema,checkpoint]",
         timeout=3000,
     )
     assert r.returncode == 0, r.stderr[-3000:]

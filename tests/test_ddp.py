@@ -24,7 +24,6 @@ def test_ddp_two_cpu_processes(tmp_path):
             "experiment=smoke",
             f"hydra.run.dir={run}",
             f"data.synthetic.root={tmp_path / 'synthetic'}",
-            "callbacks=[ema,checkpoint]",
             "trainer.devices=2",
             "trainer.strategy=ddp",
             "data.batch_size=8",

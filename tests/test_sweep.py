@@ -65,7 +65,6 @@ def test_multirun_two_jobs_write_summary(tmp_path):
             "experiment=smoke",
             f"hydra.sweep.dir={sweep}",
             f"data.synthetic.root={tmp_path / 'synthetic'}",
-            "callbacks=[ema,checkpoint]",
             "data.batch_size=4,8",
         ],
         capture_output=True,

@@ -14,12 +14,17 @@ Choices (see docs/design.md, "Training"):
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.detection import MeanAveragePrecision
 
 __all__ = ["fitness", "make_map_metric", "precision_recall_at_best_f1", "summarize_map"]
+
+# faster_coco_eval prints its 12-line COCO summary at INFO on every compute(); yolo5l logs the numbers itself.
+logging.getLogger("faster_coco_eval").setLevel(logging.WARNING)
 
 
 def make_map_metric(max_det: int = 300) -> MeanAveragePrecision:

@@ -37,15 +37,19 @@ class EMACallback(Callback):
     Args:
         decay: asymptotic decay (YOLOv5: 0.9999).
         tau: ramp time constant in updates (YOLOv5: 2000).
+        foreach: one multi-tensor `torch._foreach_lerp_` per update (fast); False updates tensor by tensor in a
+            Python loop, as ultralytics' `ModelEMA` does (the baseline `scripts/bench_train.py` measures). Both give
+            the same weights.
     """
 
-    def __init__(self, decay: float = 0.9999, tau: float = 2000) -> None:
+    def __init__(self, decay: float = 0.9999, tau: float = 2000, foreach: bool = True) -> None:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMACallback: decay must be in [0, 1), got {decay}")
         if tau <= 0:
             raise ValueError(f"EMACallback: tau must be > 0, got {tau}")
         self.decay = float(decay)
         self.tau = float(tau)
+        self.foreach = bool(foreach) and hasattr(torch, "_foreach_lerp_")  # private API: guarded as timm does
         self.updates = 0
         self._names: list[str] = []
         self._ema: list[Tensor] = []  # EMA copies, aligned with self._names
@@ -110,9 +114,12 @@ class EMACallback(Callback):
         self.updates += 1
         d = self.decay_at(self.updates)
         with torch.no_grad():
-            if self._ema_floats:
+            if self._ema_floats and self.foreach:
                 # v = d v + (1 - d) m  ==  lerp(v, m, 1 - d); the weight is a Python float: no host sync
                 torch._foreach_lerp_(self._ema_floats, self._model_floats, 1.0 - d)
+            else:
+                for e, m in zip(self._ema_floats, self._model_floats, strict=True):
+                    e.lerp_(m, 1.0 - d)
             for e, m in self._int_pairs:
                 e.copy_(m)
 
