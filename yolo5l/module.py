@@ -9,6 +9,7 @@ clipping at norm 10, loss x WORLD_SIZE), `val.py` (NMS thresholds, fitness); see
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -25,7 +26,19 @@ from yolo5l.boxes import non_max_suppression, scale_boxes, xywh2xyxy
 from yolo5l.loss import YOLOv5Loss
 from yolo5l.metrics import make_map_metric, summarize_map
 
-__all__ = ["LinearLR", "OneCycleLR", "YOLOv5Module", "build_optimizer", "interp", "param_groups", "use_fused"]
+__all__ = [
+    "OPTIMIZER_IMPLS",
+    "LinearLR",
+    "OneCycleLR",
+    "YOLOv5Module",
+    "build_optimizer",
+    "interp",
+    "param_groups",
+    "resolve_optimizer_impl",
+    "use_fused",
+]
+
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "loop")
 
 _CLIP_NORM = 10.0  # YOLOv5 train.py: clip_grad_norm_(max_norm=10)
 
@@ -80,13 +93,42 @@ def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Paramete
 
 
 def use_fused(device_type: str, mixed_precision: bool) -> bool:
-    """Whether to ask for the fused (single-kernel) optimizer step.
+    """Whether to ask for the fused (single-kernel) optimizer step: `resolve_optimizer_impl("auto", ...) == "fused"`.
 
-    Fused kernels exist for CUDA only. Lightning 2.6.6's `MixedPrecision.clip_gradients` raises for any optimizer
-    that unscales inside `step()` (fused ones), for 16-mixed *and* bf16-mixed, and YOLOv5 always clips at norm 10:
-    so mixed precision gets foreach (the default multi-tensor path), and fused is used with full-precision training.
+    Args:
+        device_type: "cuda", "cpu", ...
+        mixed_precision: whether a GradScaler unscales the gradients (16-mixed).
     """
-    return device_type == "cuda" and not mixed_precision
+    return resolve_optimizer_impl("auto", device_type, grad_scaler=mixed_precision) == "fused"
+
+
+def resolve_optimizer_impl(impl: str, device_type: str, grad_scaler: bool) -> str:
+    """The optimizer implementation to build: "fused", "foreach" or "loop".
+
+    "auto" picks fused (one kernel over all parameters; bit-identical to the loop for SGD) on CPU and CUDA, except
+    when a GradScaler (16-mixed) is in use: a fused step unscales inside `step()`, after the point where YOLOv5
+    clips at norm 10, and Lightning 2.6.6's `MixedPrecision.clip_gradients` refuses fused optimizers; foreach there.
+    Under bf16-mixed and 32-true there is no scaler and the module clips the gradients itself (see
+    `YOLOv5Module.on_before_optimizer_step`), so fused and clipping coexist.
+
+    Args:
+        impl: one of `OPTIMIZER_IMPLS` ("loop" = torch's per-tensor reference implementation).
+        device_type: the parameters' device type.
+        grad_scaler: whether a GradScaler unscales the gradients (16-mixed).
+
+    Raises:
+        ValueError: unknown `impl`, or "fused" with a GradScaler.
+    """
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"yolo5l/module.py: optimizer_impl must be one of {OPTIMIZER_IMPLS}, got {impl!r}")
+    if impl == "fused" and grad_scaler:
+        raise ValueError(
+            "yolo5l/module.py: optimizer_impl='fused' cannot be clipped under 16-mixed (the GradScaler unscales "
+            "inside the fused step); use optimizer_impl='foreach' or 'auto', or precision bf16-mixed"
+        )
+    if impl != "auto":
+        return impl
+    return "fused" if device_type in ("cpu", "cuda") and not grad_scaler else "foreach"
 
 
 def build_optimizer(
@@ -96,6 +138,7 @@ def build_optimizer(
     momentum: float,
     weight_decay: float,
     fused: bool = False,
+    impl: str | None = None,
 ) -> torch.optim.Optimizer:
     """YOLOv5's optimizer with group order [biases (no decay), weights (decay), norm weights (no decay)].
 
@@ -106,6 +149,7 @@ def build_optimizer(
         momentum: SGD momentum / Adam beta1.
         weight_decay: decay of the weight group (already scaled by the nominal batch size).
         fused: fused step kernels (see `use_fused`); foreach otherwise.
+        impl: "fused", "foreach" or "loop" (see `resolve_optimizer_impl`); overrides `fused` when given.
 
     Returns:
         The optimizer; group 0 holds the biases (the warmup gives them their own lr ramp).
@@ -114,7 +158,10 @@ def build_optimizer(
         ValueError: unknown optimizer name.
     """
     biases, decay, no_decay = groups
-    impl = {"fused": True} if fused else {"foreach": True}
+    impl = impl or ("fused" if fused else "foreach")
+    if impl not in ("fused", "foreach", "loop"):
+        raise ValueError(f"yolo5l/module.py: optimizer impl must be 'fused', 'foreach' or 'loop', got {impl!r}")
+    impl = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[impl]
     if name == "SGD":
         opt: torch.optim.Optimizer = torch.optim.SGD(biases, lr=lr, momentum=momentum, nesterov=True, **impl)
     elif name in ("Adam", "AdamW"):
@@ -153,6 +200,11 @@ class YOLOv5Module(pl.LightningModule):
         max_det: detections kept per image.
         compile: `torch.compile` the model's forward (in place: state-dict keys stay the same).
         channels_last: convert the model to channels-last memory format (pair with channels-last input batches).
+        optimizer_impl: "auto" (fused where it can be clipped, else foreach; see `resolve_optimizer_impl`),
+            "fused", "foreach" or "loop" (torch's per-tensor reference). All give the same SGD updates.
+        fuse_eval: validate a Conv+BN-fused copy of the weights being evaluated (the EMA ones with `EMACallback`),
+            made once per validation epoch; False runs the training model in eval mode. Same detections up to
+            float rounding.
     """
 
     def __init__(
@@ -170,6 +222,8 @@ class YOLOv5Module(pl.LightningModule):
         max_det: int = 300,
         compile: bool = False,
         channels_last: bool = False,
+        optimizer_impl: str = "auto",
+        fuse_eval: bool = True,
     ) -> None:
         super().__init__()
         hyp, names = _plain(hyp), _plain(names)  # before save_hyperparameters, which reads these locals
@@ -178,6 +232,10 @@ class YOLOv5Module(pl.LightningModule):
             raise KeyError(f"yolo5l/module.py: hyp lacks {missing}; add them to the hyp config (see conf/hyp)")
         if len(names) != model.num_classes:
             raise ValueError(f"yolo5l/module.py: {len(names)} class names for a model with {model.num_classes} classes")
+        if optimizer_impl not in OPTIMIZER_IMPLS:
+            raise ValueError(
+                f"yolo5l/module.py: optimizer_impl must be one of {OPTIMIZER_IMPLS}, got {optimizer_impl!r}"
+            )
         self.save_hyperparameters(ignore=["model"])
         self.automatic_optimization = False
         self.model = model
@@ -186,6 +244,7 @@ class YOLOv5Module(pl.LightningModule):
         self._last_opt_step = -1  # ni of the last optimizer step (YOLOv5's last_opt_step)
         self._step_now = True  # whether the current micro-batch ends with an optimizer step
         self._no_sync = ExitStack()
+        self._eval_model: nn.Module | None = None  # fused copy for validation (not a submodule: not in state_dict)
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -214,8 +273,10 @@ class YOLOv5Module(pl.LightningModule):
         hyp = self.hparams.hyp
         # ultralytics scales decay by the total batch: wd * batch * accumulate / nbs (bs 16 -> 5e-4, 128 -> 1e-3)
         wd = hyp["weight_decay"] * self._total_batch() * self._full_accumulate() / self.hparams.nbs
-        fused = use_fused(self.device.type, isinstance(self.trainer.precision_plugin, MixedPrecision))
-        opt = build_optimizer(self.hparams.optimizer, param_groups(self.model), hyp["lr0"], hyp["momentum"], wd, fused)
+        impl = resolve_optimizer_impl(self.hparams.optimizer_impl, self.device.type, self._grad_scaler() is not None)
+        opt = build_optimizer(
+            self.hparams.optimizer, param_groups(self.model), hyp["lr0"], hyp["momentum"], wd, impl=impl
+        )
         sched = LambdaLR(opt, lr_lambda=self._lf())
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
@@ -262,9 +323,20 @@ class YOLOv5Module(pl.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._no_sync.close()
 
+    def _grad_scaler(self) -> Any:
+        plugin = self.trainer.precision_plugin
+        return getattr(plugin, "scaler", None) if isinstance(plugin, MixedPrecision) else None
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Called inside opt.step() after GradScaler.unscale_ (16-mixed), so the norm is of the true gradients.
-        self.clip_gradients(optimizer, gradient_clip_val=_CLIP_NORM, gradient_clip_algorithm="norm")
+        if self._grad_scaler() is not None:
+            self.clip_gradients(optimizer, gradient_clip_val=_CLIP_NORM, gradient_clip_algorithm="norm")
+            return
+        # No scaler (32-true, bf16-mixed): the gradients are the true ones, so clip them directly, which is what
+        # Lightning's Precision.clip_gradients does, minus its refusal of fused optimizers. No host sync: the
+        # clip coefficient stays a tensor.
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, _CLIP_NORM)
 
     def on_train_epoch_end(self) -> None:
         opt = self.optimizers().optimizer
@@ -279,9 +351,30 @@ class YOLOv5Module(pl.LightningModule):
         self._last_opt_step = checkpoint.get("yolo5l_last_opt_step", -1)
 
     # ---- validation / prediction ---------------------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        # Callbacks' hooks run before the module's, so EMACallback has already swapped the EMA weights in.
+        self._eval_model = self.fused_copy() if self.hparams.fuse_eval else None
+
+    def fused_copy(self) -> nn.Module:
+        """A Conv+BN-fused, eval-mode, frozen copy of the current weights (a few ms for yolov5s).
+
+        The copy keeps the model's memory format and is never compiled (a compiled forward is bound to the
+        original module); `fuse()` must exist on the model (`YOLOv5.fuse`), else the model itself is returned.
+        """
+        if not hasattr(self.model, "fuse"):
+            return self.model
+        model = copy.deepcopy(self.model)  # nn.Module.__getstate__ drops a `.compile()`d forward
+        model.eval().requires_grad_(False).fuse()
+        if self.hparams.channels_last:
+            model.to(memory_format=torch.channels_last)  # fuse() builds new convs in the default format
+        return model
+
+    def _net(self) -> nn.Module:
+        return self._eval_model if self._eval_model is not None else self.model
+
     def _detect(self, heads: Sequence[Tensor]) -> list[Tensor]:
         return non_max_suppression(
-            self.model.decode(heads),
+            self._net().decode(heads),
             conf_thres=self.hparams.conf_thres,
             iou_thres=self.hparams.iou_thres,
             multi_label=True,
@@ -302,7 +395,7 @@ class YOLOv5Module(pl.LightningModule):
     def validation_step(self, batch: Sequence[Any], batch_idx: int) -> None:
         images, targets, _, shapes = batch
         bsz, (h, w) = images.shape[0], images.shape[2:]
-        heads = self.model(images)
+        heads = self._net()(images)
         _, items = self.loss(heads, targets)  # targets are normalised to the letterboxed batch
         for name, value in zip(("box", "obj", "cls"), items, strict=True):
             self.log(f"val/loss_{name}", value, on_epoch=True, sync_dist=True, batch_size=bsz)
@@ -321,6 +414,7 @@ class YOLOv5Module(pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         # compute() gathers every rank's states, so all ranks get (and log) the same values.
+        self._eval_model = None  # free the fused copy; the next validation fuses the weights of that time
         metrics = summarize_map(self.map_metric.compute())
         self.map_metric.reset()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=False)
