@@ -51,6 +51,19 @@ def assert_tight(img: np.ndarray, labels_xyxy: np.ndarray, tol: float = 2.0) -> 
         np.testing.assert_allclose(found, box, atol=tol, err_msg=f"class {int(c)}")
 
 
+def assert_tight_unless_cut(img: np.ndarray, labels_xyxy: np.ndarray, tol: float = 2.0) -> None:
+    """Boxes inside the image are tight; a rotated/sheared box cut by the image edge keeps the extent of its clipped
+    corners (YOLOv5 without segments), so its pixels only lie inside it."""
+    h, w = img.shape[:2]
+    inside = (labels_xyxy[:, 1:3] > 0.5).all(1) & (labels_xyxy[:, 3] < w - 0.5) & (labels_xyxy[:, 4] < h - 0.5)
+    assert_tight(img, labels_xyxy[inside], tol)
+    for c, *box in labels_xyxy[~inside]:
+        found = pixel_box(img, int(c), np.array(box))
+        assert found is not None, f"no pixels of class {int(c)} near {box}"
+        assert (found[:2] >= np.array(box[:2]) - tol).all(), (found, box)
+        assert (found[2:] <= np.array(box[2:]) + tol).all(), (found, box)
+
+
 def seed(s: int = 0) -> None:
     random.seed(s)
     np.random.seed(s)
@@ -65,17 +78,17 @@ def test_box_candidates_hand_values():
 
 
 def test_random_perspective_boxes_follow_pixels():
-    seed(1)
+    rng = np.random.default_rng(1)
     boxes = np.array([[40, 50, 140, 120], [300, 60, 380, 260], [150, 300, 330, 400], [420, 380, 600, 600]], float)
     img = render(640, 640, boxes, range(4))
     labels = np.concatenate([np.arange(4)[:, None], boxes], 1).astype(np.float32)
-    for _ in range(5):
-        out, lab = aug.random_perspective(img, labels.copy(), degrees=15, translate=0.1, scale=0.5, shear=3)
+    for _ in range(8):
+        out, lab = aug.random_perspective(img, labels.copy(), degrees=15, translate=0.1, scale=0.5, shear=3, rng=rng)
         assert out.shape == img.shape
         assert len(lab) >= 1
         assert (lab[:, 1:] >= 0).all()
         assert (lab[:, [1, 3]] <= 640).all()
-        assert_tight(out, lab)
+        assert_tight_unless_cut(out, lab)
 
 
 def test_random_perspective_identity_and_border():
@@ -260,7 +273,7 @@ def test_train_item_mosaic_pipeline_keeps_boxes_on_pixels(tmp_path):
         assert (item[1][:, 0] == 0).all()
         assert ((item[1][:, 2:] >= 0) & (item[1][:, 2:] <= 1)).all()
         img, px = _item_pixels(item)
-        assert_tight(img, px, tol=2.5)
+        assert_tight_unless_cut(img, px, tol=2.5)
         n_boxes += len(px)
     assert n_boxes > len(ds)
 

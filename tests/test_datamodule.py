@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import numpy as np
 import pytest
@@ -85,25 +86,25 @@ def test_shard_sampler_fixed_disjoint_shards_shuffled_per_epoch():
     counts = np.bincount(np.concatenate([s.indices for s in samplers]), minlength=n)
     assert sorted(counts.tolist()) == [1] * 8 + [2] * 2  # 12 slots: 2 padding repeats, no other overlap
     s = samplers[1]
-    e0 = [i for i, _ in s]
-    assert e0 == [i for i, _ in s]  # same epoch, same order
+    e0 = [i for i, *_ in s]
+    assert e0 == [i for i, *_ in s]  # same epoch, same order
     orders = set()
     for epoch in range(6):
         s.set_epoch(epoch)
-        order = [i for i, _ in s]
+        order = [i for i, *_ in s]
         assert set(order) == shards[1]  # the shard never changes
         orders.add(tuple(order))
     assert len(orders) > 1  # but is reshuffled
     # one rank: everything, each once
-    assert sorted(i for i, _ in ShardSampler(n, 0, 1)) == list(range(n))
+    assert sorted(i for i, *_ in ShardSampler(n, 0, 1)) == list(range(n))
 
 
 def test_shard_sampler_mosaic_flag():
     s = ShardSampler(5, mosaic_off_from=3)
     s.set_epoch(2)
-    assert all(m for _, m in s)
+    assert all(m for _, m, _ in s)
     s.set_epoch(3)
-    assert not any(m for _, m in s)
+    assert not any(m for _, m, _ in s)
 
 
 def test_val_shard_sampler_contiguous_whole_batches_no_duplicates():
@@ -207,3 +208,43 @@ def test_fit_close_mosaic_reaches_persistent_workers(synthetic, tmp_path):
     assert by_epoch[1] == [True, True]
     assert by_epoch[2] == [False, False]  # last epoch: letterboxed, no mosaic
     assert all(dt == torch.float32 for _, _, dt, _ in model.seen)  # on_after_batch_transfer ran
+
+
+def test_sample_augmentation_is_pure_function_of_key(synthetic):
+    """(index, mosaic, (seed, epoch, rank)) fixes every random draw: the process's global RNG state plays no part."""
+    dm = make_dm(synthetic, hyp={"mixup": 0.5, "copy_paste": 0.5, "degrees": 5.0, "flipud": 0.5})
+    dm.setup("fit")
+    ds = dm.train_dataset
+    outs = []
+    for s in (0, 1):
+        np.random.seed(s)
+        random.seed(s)
+        ds.albumentations.reseed(s)
+        outs.append(ds[(3, True, (0, 1, 0))])
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1], outs[1][1])
+    other_epoch = ds[(3, True, (0, 2, 0))]
+    assert not torch.equal(outs[0][0], other_epoch[0])
+
+
+def test_batches_do_not_depend_on_num_workers(synthetic):
+    """With augmentation on (mosaic, perspective, HSV, flips, albumentations): the same batches for 0 or 2 workers,
+    in every epoch, persistent workers included."""
+
+    def batches(num_workers: int) -> list:
+        dm = make_dm(synthetic, num_workers=num_workers, persistent_workers=num_workers > 0, seed=3)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        out = []
+        for epoch in (0, 1):
+            dm.train_sampler.set_epoch(epoch)
+            it = iter(loader)
+            out += [next(it), next(it)]
+        return out
+
+    a, b = batches(0), batches(2)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x[0], y[0])
+        assert torch.equal(x[1], y[1])
+        assert x[2] == y[2]
+    assert not torch.equal(a[0][0], a[2][0])  # epochs differ

@@ -3,8 +3,11 @@
 Labels inside the geometric transforms are ``(n, 5)`` float32 ``[cls, x1, y1, x2, y2]`` in pixels; the dataset
 converts them to normalised ``[cls, cx, cy, w, h]`` before the photometric ops and flips.
 
-Randomness comes from the global ``random`` / ``np.random`` states, which the dataloader's worker_init_fn
-reseeds per worker (YOLOv5's scheme), so a seeded run is reproducible.
+Every random op takes ``rng``: a ``np.random.Generator``. The dataset builds one per sample from
+``(seed, epoch, rank, index)`` (the training sampler sends that key), so a sample's augmentation is a pure
+function of it: independent of the worker that runs it, of ``num_workers`` and of the process's history, which is
+what makes a resumed run replay an uninterrupted one exactly. ``rng=None`` draws from the global ``np.random``
+state instead (handy in notebooks and tests; the worker init function seeds it per worker).
 
 Reference: ultralytics/yolov5 v7.0 utils/augmentations.py and utils/dataloaders.py (behaviour, not code).
 """
@@ -14,11 +17,20 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 
 FILL = 114  # grey used for every border, as in YOLOv5
+
+Rng = np.random.Generator
+
+
+def _rng(rng: Rng | None) -> Any:
+    """``rng``, or the global ``np.random`` module (only the methods both share are used: uniform, beta, random,
+    choice, permutation)."""
+    return np.random if rng is None else rng
 
 # hyp.scratch-low.yaml augmentation keys (reference A.4): used when the hyp mapping lacks a key.
 DEFAULT_HYP: dict[str, float] = {
@@ -161,6 +173,7 @@ def random_perspective(
     shear: float = 0.0,
     perspective: float = 0.0,
     border: tuple[int, int] = (0, 0),
+    rng: Rng | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Random affine (or perspective) warp M = T·S·R·P·C, boxes moved by their 4 corners and filtered.
 
@@ -169,12 +182,14 @@ def random_perspective(
         labels: (n, 5) [cls, x1, y1, x2, y2] pixels.
         border: (y, x) pixels added to each side of the output (negative crops): output is
             ``(h + 2 * border[0], w + 2 * border[1])``.
+        rng: Source of the draws (None: the global ``np.random``).
 
     Returns:
         The warped image and the surviving labels, clipped to the output.
 
     Reference: YOLOv5 utils/augmentations.py random_perspective.
     """
+    r = _rng(rng)
     height = img.shape[0] + border[0] * 2
     width = img.shape[1] + border[1] * 2
 
@@ -182,18 +197,18 @@ def random_perspective(
     C[0, 2] = -img.shape[1] / 2
     C[1, 2] = -img.shape[0] / 2
     P = np.eye(3)
-    P[2, 0] = random.uniform(-perspective, perspective)
-    P[2, 1] = random.uniform(-perspective, perspective)
+    P[2, 0] = r.uniform(-perspective, perspective)
+    P[2, 1] = r.uniform(-perspective, perspective)
     R = np.eye(3)
-    a = random.uniform(-degrees, degrees)
-    s = random.uniform(1 - scale, 1 + scale)
+    a = r.uniform(-degrees, degrees)
+    s = r.uniform(1 - scale, 1 + scale)
     R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s)
     S = np.eye(3)
-    S[0, 1] = math.tan(random.uniform(-shear, shear) * math.pi / 180)
-    S[1, 0] = math.tan(random.uniform(-shear, shear) * math.pi / 180)
+    S[0, 1] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
+    S[1, 0] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
     T = np.eye(3)
-    T[0, 2] = random.uniform(0.5 - translate, 0.5 + translate) * width
-    T[1, 2] = random.uniform(0.5 - translate, 0.5 + translate) * height
+    T[0, 2] = r.uniform(0.5 - translate, 0.5 + translate) * width
+    T[1, 2] = r.uniform(0.5 - translate, 0.5 + translate) * height
     M = T @ S @ R @ P @ C
 
     if border[0] != 0 or border[1] != 0 or (np.eye(3) != M).any():
@@ -263,9 +278,14 @@ def mosaic4(
     return canvas, lab4
 
 
-def mixup(im: np.ndarray, labels: np.ndarray, im2: np.ndarray, labels2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Blend two images with r ~ Beta(32, 32) and keep both label sets (Zhang et al., mixup, 2017)."""
-    r = np.random.beta(32.0, 32.0)
+def mixup(
+    im: np.ndarray, labels: np.ndarray, im2: np.ndarray, labels2: np.ndarray, rng: Rng | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blend two images with r ~ Beta(32, 32) and keep both label sets (Zhang et al., mixup, 2017).
+
+    ``rng``: source of the draw (None: the global ``np.random``).
+    """
+    r = _rng(rng).beta(32.0, 32.0)
     out = (im.astype(np.float32) * r + im2.astype(np.float32) * (1 - r)).astype(np.uint8)
     return out, np.concatenate((labels, labels2), 0)
 
@@ -277,7 +297,9 @@ def _ioa(box: np.ndarray, boxes: np.ndarray, eps: float = 1e-7) -> np.ndarray:
     return iw * ih / ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) + eps)
 
 
-def copy_paste_boxes(img: np.ndarray, labels: np.ndarray, p: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+def copy_paste_boxes(
+    img: np.ndarray, labels: np.ndarray, p: float = 0.5, rng: Rng | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Copy-paste for box labels (a simplified YOLOv5 copy_paste, which needs polygon segments).
 
     YOLOv5 pastes left-right-mirrored segments at their mirrored position when they cover less than 30 % of
@@ -287,6 +309,7 @@ def copy_paste_boxes(img: np.ndarray, labels: np.ndarray, p: float = 0.5) -> tup
     Args:
         img: HWC uint8, modified in place.
         labels: (n, 5) [cls, x1, y1, x2, y2] pixels.
+        rng: Source of the draws (None: the global ``np.random``).
 
     Returns:
         The image and the labels with the pasted boxes appended.
@@ -296,7 +319,7 @@ def copy_paste_boxes(img: np.ndarray, labels: np.ndarray, p: float = 0.5) -> tup
         return img, labels
     w = img.shape[1]
     new = [labels]
-    for j in random.sample(range(n), k=round(p * n)):
+    for j in _rng(rng).choice(n, size=round(p * n), replace=False):
         c, x1, y1, x2, y2 = labels[j]
         box = np.array([w - x2, y1, w - x1, y2], dtype=np.float32)
         current = np.concatenate(new, 0)[:, 1:5]
@@ -311,15 +334,18 @@ def copy_paste_boxes(img: np.ndarray, labels: np.ndarray, p: float = 0.5) -> tup
 
 
 # --------------------------------------------------------------------------------------------- photometric
-def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5) -> None:
+def augment_hsv(
+    img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng: Rng | None = None
+) -> None:
     """HSV jitter in place through lookup tables: gains r = U(-1, 1) * gain + 1, hue modulo 180.
 
     Args:
         img: RGB uint8 HWC, modified in place.
+        rng: Source of the draws (None: the global ``np.random``).
     """
     if not (hgain or sgain or vgain):
         return
-    r = np.random.uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+    r = _rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
     hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
     x = np.arange(0, 256, dtype=r.dtype)
     lut_hue = ((x * r[0]) % 180).astype(np.uint8)
@@ -332,8 +358,9 @@ def augment_hsv(img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: 
 class Albumentations:
     """YOLOv5's albumentations set: Blur, MedianBlur, ToGray and CLAHE, each with p 0.01, on RGB uint8.
 
-    They are all photometric, so labels pass through untouched. The transforms draw from albumentations' own
-    generators; ``reseed`` (called from the worker init function) makes them follow the worker's seed.
+    They are all photometric, so labels pass through untouched. Called with ``rng``, the transforms draw from it
+    (and from a ``random.Random`` seeded from it) for that call only; without, from albumentations' own
+    generators, which ``reseed`` (called from the worker init function) sets.
 
     Args:
         p: probability of each transform (YOLOv5 uses 0.01).
@@ -356,7 +383,10 @@ class Albumentations:
         """Reseed the transforms' generators (deterministic per worker)."""
         self.transform.set_random_seed(seed)
 
-    def __call__(self, img: np.ndarray) -> np.ndarray:
+    def __call__(self, img: np.ndarray, rng: Rng | None = None) -> np.ndarray:
+        """Apply the transforms to ``img``; with ``rng`` every draw of this call comes from it."""
+        if rng is not None:
+            self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
         return self.transform(image=img)["image"]
 
 

@@ -7,15 +7,19 @@ their rectangular batch.
 
 Items are ``(image uint8 (3, H, W) RGB, labels float32 (n, 6) [0, cls, cx, cy, w, h], path, shapes)``;
 ``shapes`` is ``((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h)))`` for letterboxed images and None for mosaics.
-An index may be an int or ``(int, mosaic_allowed)``: the training sampler sends the second form, which is how
-close_mosaic reaches persistent worker processes without any shared state.
+An index may be an int, ``(int, mosaic_allowed)`` or ``(int, mosaic_allowed, key)``: the training sampler sends
+the last form, which is how close_mosaic reaches persistent worker processes without any shared state, and how
+each sample gets its own random generator, ``np.random.default_rng((*key, index))`` with ``key = (seed, epoch,
+rank)``: the augmentation of a sample is then a pure function of (seed, epoch, rank, index), the same whichever
+worker process draws it and whatever ran before in that process (so ``num_workers`` does not change the batches,
+and a run resumed in a new process replays the uninterrupted one). The shorter forms draw a generator seed from
+the global ``np.random`` state (seeded per worker by the loader's worker init function).
 
 Reference: YOLOv5 v7.0 utils/dataloaders.py LoadImagesAndLabels (behaviour).
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +32,15 @@ from yolo5l.data.cache import ImageCache
 from yolo5l.data.files import LabelIndex
 
 Shapes = tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]]
+Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]]
+
+
+def sample_rng(index: int, key: Sequence[int] | None = None) -> np.random.Generator:
+    """The generator of one sample: a pure function of ``(*key, index)``, or, without a key, seeded by one draw from
+    the global ``np.random`` state."""
+    if key is None:
+        return np.random.default_rng(np.random.randint(0, 2**31 - 1))
+    return np.random.default_rng([*(int(k) for k in key), int(index)])
 
 
 class YOLODataset(Dataset):
@@ -110,15 +123,15 @@ class YOLODataset(Dataset):
         h0, w0 = (int(v) for v in self.shapes[i])
         return img, (h0, w0), img.shape[:2]
 
-    def load_mosaic(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """4-image mosaic + copy-paste + random perspective (border -s/2): (s x s image, (n, 5) xyxy labels)."""
         s = self.imgsz
-        xc, yc = (int(random.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
-        idx = [index, *(int(i) for i in random.choices(self.indices, k=3))]
-        random.shuffle(idx)
+        xc, yc = (int(rng.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
+        idx = [index, *(int(i) for i in rng.choice(self.indices, size=3))]
+        idx = [idx[i] for i in rng.permutation(4)]
         images = [self.load_image(i)[0] for i in idx]
         img, labels = aug.mosaic4(images, [self.labels[i] for i in idx], s, (xc, yc))
-        img, labels = aug.copy_paste_boxes(img, labels, p=self.hyp["copy_paste"])
+        img, labels = aug.copy_paste_boxes(img, labels, p=self.hyp["copy_paste"], rng=rng)
         h = self.hyp
         return aug.random_perspective(
             img,
@@ -129,6 +142,7 @@ class YOLODataset(Dataset):
             shear=h["shear"],
             perspective=h["perspective"],
             border=self.mosaic_border,
+            rng=rng,
         )
 
     def _letterboxed(self, index: int) -> tuple[np.ndarray, np.ndarray, Shapes]:
@@ -146,19 +160,29 @@ class YOLODataset(Dataset):
         return out, labels, shapes
 
     # ----------------------------------------------------------------------------------------- item
-    def __getitem__(self, item: int | tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
-        index, mosaic_allowed = (item, True) if isinstance(item, (int, np.integer)) else item
-        index = int(index)
+    def __getitem__(self, item: Item) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
+        """Sample ``item`` (an index, ``(index, mosaic_allowed)`` or ``(index, mosaic_allowed, rng key)``)."""
+        if isinstance(item, (int, np.integer)):
+            index, mosaic_allowed, key = int(item), True, None
+        else:
+            index, mosaic_allowed, key = int(item[0]), bool(item[1]), (item[2] if len(item) > 2 else None)
+        if not self.augment:
+            return self._item(index, mosaic_allowed, None)
+        return self._item(index, mosaic_allowed, sample_rng(index, key))
+
+    def _item(
+        self, index: int, mosaic_allowed: bool, rng: np.random.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
         h = self.hyp
-        if self.augment and mosaic_allowed and random.random() < h["mosaic"]:
-            img, labels = self.load_mosaic(index)
+        if rng is not None and mosaic_allowed and rng.random() < h["mosaic"]:
+            img, labels = self.load_mosaic(index, rng)
             shapes = None
-            if random.random() < h["mixup"]:
-                partner = int(random.choice(self.indices))
-                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner))
+            if rng.random() < h["mixup"]:
+                partner = int(rng.choice(self.indices))
+                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner, rng), rng=rng)
         else:
             img, labels, shapes = self._letterboxed(index)
-            if self.augment:
+            if rng is not None:
                 img, labels = aug.random_perspective(
                     img,
                     labels,
@@ -167,17 +191,18 @@ class YOLODataset(Dataset):
                     scale=h["scale"],
                     shear=h["shear"],
                     perspective=h["perspective"],
+                    rng=rng,
                 )
         nl = len(labels)
         if nl:
             labels[:, 1:5] = aug.xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True, eps=1e-3)
-        if self.augment:
+        if rng is not None:
             if self.albumentations is not None:
-                img = np.ascontiguousarray(self.albumentations(img))
-            aug.augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"])
-            if random.random() < h["flipud"]:
+                img = np.ascontiguousarray(self.albumentations(img, rng=rng))
+            aug.augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"], rng=rng)
+            if rng.random() < h["flipud"]:
                 img = aug.flip_ud(img, labels)
-            if random.random() < h["fliplr"]:
+            if rng.random() < h["fliplr"]:
                 img = aug.flip_lr(img, labels)
         out = torch.zeros((nl, 6), dtype=torch.float32)
         if nl:

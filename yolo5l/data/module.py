@@ -7,8 +7,10 @@
   must run with ``use_distributed_sampler=False`` so Lightning keeps these samplers.
 - Validation ranks get contiguous runs of whole rectangular batches (:class:`ValShardSampler`): no image
   is read twice, and the metric syncs across ranks.
-- close_mosaic travels with the sampled indices ``(index, mosaic_allowed)``: the sampler runs in the main
-  process and knows the epoch, so persistent workers (which hold their own dataset copies) follow it.
+- close_mosaic and the augmentation's random key travel with the sampled indices
+  ``(index, mosaic_allowed, (seed, epoch, rank))``: the sampler runs in the main process and knows the epoch, so
+  persistent workers (which hold their own dataset copies) follow it, and every sample's augmentation is a pure
+  function of (seed, epoch, rank, index): the same for any ``num_workers`` and after a resume in a new process.
 - Images travel as uint8 and become float in [0, 1] on the device (``on_after_batch_transfer``).
 """
 
@@ -34,13 +36,14 @@ from yolo5l.data.synthetic import ensure_synthetic
 
 
 # --------------------------------------------------------------------------------------------- samplers
-class ShardSampler(Sampler[tuple[int, bool]]):
+class ShardSampler(Sampler[tuple[int, bool, tuple[int, int, int]]]):
     """Training sampler: a fixed shard of the indices per rank, shuffled within the shard every epoch.
 
     The dataset is permuted once with ``seed`` and padded (wrapping around) to a multiple of ``world_size`` so
     all ranks run the same number of batches; rank r takes every world_size-th element from r. Each epoch
-    the shard is shuffled with ``(seed, epoch, rank)``. Items are ``(index, mosaic_allowed)`` where
-    ``mosaic_allowed`` is False from epoch ``mosaic_off_from`` on (close_mosaic).
+    the shard is shuffled with ``(seed, epoch, rank)``. Items are ``(index, mosaic_allowed, (seed, epoch, rank))``
+    where ``mosaic_allowed`` is False from epoch ``mosaic_off_from`` on (close_mosaic) and the last element is the
+    key from which the dataset seeds the sample's augmentation (with the index appended).
 
     Args:
         num_samples: Dataset length.
@@ -85,12 +88,13 @@ class ShardSampler(Sampler[tuple[int, bool]]):
         """Whether this epoch may use mosaic."""
         return self.mosaic_off_from is None or self.epoch < self.mosaic_off_from
 
-    def __iter__(self) -> Iterator[tuple[int, bool]]:
+    def __iter__(self) -> Iterator[tuple[int, bool, tuple[int, int, int]]]:
         order = self.indices
+        key = (self.seed, self.epoch, self.rank)
         if self.shuffle:
-            order = order[np.random.default_rng([self.seed, self.epoch, self.rank]).permutation(len(order))]
+            order = order[np.random.default_rng(key).permutation(len(order))]
         mosaic = self.mosaic
-        return iter([(int(i), mosaic) for i in order])
+        return iter([(int(i), mosaic, key) for i in order])
 
     def __len__(self) -> int:
         return len(self.indices)
