@@ -32,6 +32,7 @@ def _rng(rng: Rng | None) -> Any:
     choice, permutation)."""
     return np.random if rng is None else rng
 
+
 # hyp.scratch-low.yaml augmentation keys (reference A.4): used when the hyp mapping lacks a key.
 DEFAULT_HYP: dict[str, float] = {
     "hsv_h": 0.015,
