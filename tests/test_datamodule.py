@@ -248,3 +248,28 @@ def test_batches_do_not_depend_on_num_workers(synthetic):
         assert torch.equal(x[1], y[1])
         assert x[2] == y[2]
     assert not torch.equal(a[0][0], a[2][0])  # epochs differ
+
+
+def test_resumed_fit_starts_with_its_epoch_in_workers(synthetic):
+    """Lightning builds the train iterator before it calls set_epoch on the first epoch of a fit, and workers prefetch
+    at once: the loader must already carry the epoch the (resumed) fit loop starts at."""
+    from types import SimpleNamespace
+
+    def stub_trainer(processed: int) -> SimpleNamespace:
+        progress = SimpleNamespace(current=SimpleNamespace(processed=processed))
+        return SimpleNamespace(
+            global_rank=0, world_size=1, max_epochs=5, fit_loop=SimpleNamespace(epoch_progress=progress),
+            strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        )  # fmt: skip
+
+    resumed = make_dm(synthetic, num_workers=2, persistent_workers=True)
+    resumed.trainer = stub_trainer(2)
+    resumed.setup("fit")
+    got = next(iter(resumed.train_dataloader()))
+    ref = make_dm(synthetic)
+    ref.setup("fit")
+    ref.train_sampler.set_epoch(2)
+    want = next(iter(ref.train_dataloader()))
+    assert resumed.train_sampler.epoch == 2
+    assert got[2] == want[2]
+    assert torch.equal(got[0], want[0])

@@ -331,6 +331,12 @@ class YOLODataModule(LightningDataModule):
         assert self.train_dataset is not None
         assert self.train_sampler is not None
         self.train_sampler.mosaic_off_from = self._mosaic_off_from()
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and getattr(trainer, "fit_loop", None) is not None:
+            # Lightning 2.6's fit loop creates the loader's iterator (FitLoop.setup_data) *before* it calls set_epoch
+            # for the first epoch of a fit, and worker processes prefetch from that iterator at once: a run resumed
+            # at epoch N would replay epoch 0's order and augmentation keys. Set the epoch the loop is about to run.
+            self.train_sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
         return self._loader(self.train_dataset, self.train_sampler, self.batch_size, self._dist()[0])
 
     def val_dataloader(self) -> DataLoader:
