@@ -84,7 +84,7 @@ def predict(cfg: DictConfig) -> list[dict]:
         )
         for path, im, (_, ratio, pad), det in zip(chunk, originals, boxed, dets, strict=True):
             det = det.cpu()
-            scale_boxes((imgsz, imgsz), det, im.shape[:2], ((ratio[1], ratio[0]), pad))
+            scale_boxes((imgsz, imgsz), det, im.shape[:2], (ratio, pad))  # ratio is (ratio_h, ratio_w)
             h, w = im.shape[:2]
             lines, drawn = [], cv2.cvtColor(im, cv2.COLOR_RGB2BGR)
             for x1, y1, x2, y2, score, cls in det.tolist():

@@ -1,0 +1,159 @@
+"""`python -m yolo5l.val`, `python -m yolo5l.predict` and `data.batch_size=-1` (the batch size search), run as a user
+runs them, on the weights of one shared smoke training run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import pytest
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+def run(entry: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", entry, *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict[str, Path]:
+    """One short training run: its weights.pt and the synthetic dataset it trained on."""
+    tmp = tmp_path_factory.mktemp("entry")
+    root = tmp / "synthetic"
+    r = run(
+        "yolo5l.train",
+        "experiment=smoke",
+        f"hydra.run.dir={tmp / 'train'}",
+        f"data.synthetic.root={root}",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "~callbacks.batch_plotter",
+        "logger=none",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    weights = tmp / "train" / "checkpoints" / "weights.pt"
+    assert weights.is_file()
+    return {"tmp": tmp, "root": root, "weights": weights}
+
+
+def test_val_prints_table_and_writes_metrics(smoke):
+    out = smoke["tmp"] / "val"
+    r = run(
+        "yolo5l.val",
+        f"weights={smoke['weights']}",
+        f"data.synthetic.root={smoke['root']}",
+        "data.synthetic.num_train=32",
+        "data.synthetic.num_val=16",
+        "data.imgsz=128",
+        "data.num_workers=0",
+        "trainer=cpu",
+        "batch_size=8",
+        f"hydra.run.dir={out}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if "mAP@0.5:0.95" in ln)
+    assert lines[head].split() == ["precision", "recall", "mAP@0.5", "mAP@0.5:0.95"]
+    row = [float(v) for v in lines[head + 1].split()]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for value, key in zip(row, ("val/precision", "val/recall", "val/map_50", "val/map"), strict=True):
+        assert 0.0 <= metrics[key] <= 1.0, key
+        assert value == pytest.approx(metrics[key], abs=1e-4), key
+    assert metrics["val/map"] <= metrics["val/map_50"]
+    assert str(out / "metrics.json") in r.stdout or "metrics.json" in r.stdout
+
+
+def test_predict_writes_drawn_images_json_and_txt(smoke):
+    src = smoke["tmp"] / "images"
+    src.mkdir()
+    val_images = sorted((smoke["root"]).rglob("*.jpg"))[:3]
+    assert len(val_images) == 3
+    for p in val_images:
+        shutil.copy(p, src / p.name)
+    out = smoke["tmp"] / "predict"
+    r = run(
+        "yolo5l.predict",
+        f"weights={smoke['weights']}",
+        f"source={src}",
+        "imgsz=128",
+        "conf_thres=0.001",  # a 2-step model: low scores, but boxes
+        "max_det=50",
+        "device=cpu",
+        f"hydra.run.dir={out}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    preds = json.loads((out / "predictions.json").read_text())
+    assert preds, "no detections at conf 0.001"
+    names = {0: "rectangle", 1: "ellipse", 2: "triangle", 3: "cross"}
+    by_image: dict[str, list[dict]] = {}
+    for d in preds:
+        by_image.setdefault(Path(d["image"]).name, []).append(d)
+    assert set(by_image) <= {p.name for p in val_images}
+    for p in val_images:
+        h, w = cv2.imread(str(p)).shape[:2]
+        dets = by_image.get(p.name, [])
+        assert len(dets) <= 50
+        for d in dets:
+            x1, y1, x2, y2 = d["box_xyxy"]
+            assert 0 <= x1 <= x2 <= w
+            assert 0 <= y1 <= y2 <= h
+            assert d["name"] == names[d["class"]]
+            assert 0.001 <= d["score"] <= 1
+        drawn = cv2.imread(str(out / p.name))
+        assert drawn is not None
+        assert drawn.shape[:2] == (h, w)
+        if dets:
+            assert (drawn != cv2.imread(str(p))).any()  # boxes drawn
+        txt = (out / "labels" / f"{p.stem}.txt").read_text().split("\n")[:-1]
+        assert len(txt) == len(dets)
+        for line, d in zip(txt, dets, strict=True):
+            c, cx, cy, bw, bh, score = line.split()
+            assert int(c) == d["class"]
+            x1, y1, x2, y2 = d["box_xyxy"]
+            assert float(cx) == pytest.approx((x1 + x2) / 2 / w, abs=1e-3)
+            assert float(cy) == pytest.approx((y1 + y2) / 2 / h, abs=1e-3)
+            assert float(bw) == pytest.approx((x2 - x1) / w, abs=1e-3)
+            assert float(bh) == pytest.approx((y2 - y1) / h, abs=1e-3)
+            assert all(0 <= float(v) <= 1 for v in (cx, cy, bw, bh, score))
+
+
+def test_batch_size_search_picks_a_batch(smoke):
+    out = smoke["tmp"] / "autobatch"
+    r = run(
+        "yolo5l.train",
+        "experiment=smoke",
+        f"data.synthetic.root={smoke['root']}",
+        "data.batch_size=-1",
+        "tune.max_val=4",
+        "tune.steps_per_trial=1",
+        "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1",
+        "~callbacks.batch_plotter",
+        "logger=none",
+        f"hydra.run.dir={out}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "batch size search: using data.batch_size=4" in r.stdout
+    assert (out / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_batch_size_search_refuses_two_devices(tmp_path):
+    r = run(
+        "yolo5l.train",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "data.batch_size=-1",
+        timeout=120,
+    )
+    assert r.returncode == 2
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith("error: data.batch_size=-1")
+    assert "needs a single device" in last
