@@ -19,7 +19,15 @@ _EXPORTS = {
     "load_ultralytics": "yolo5l.weights",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [
+    "YOLODataModule",
+    "YOLOv5",
+    "YOLOv5Loss",
+    "YOLOv5Module",
+    "__version__",
+    "compose_config",
+    "load_ultralytics",
+]
 
 if TYPE_CHECKING:  # pragma: no cover
     from yolo5l.config import compose_config

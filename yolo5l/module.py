@@ -202,6 +202,8 @@ class YOLOv5Module(pl.LightningModule):
         channels_last: convert the model to channels-last memory format (pair with channels-last input batches).
         optimizer_impl: "auto" (fused where it can be clipped, else foreach; see `resolve_optimizer_impl`),
             "fused", "foreach" or "loop" (torch's per-tensor reference). All give the same SGD updates.
+        ciou_backend: CIoU implementation of the box loss (`YOLOv5Loss`): "auto" (fused: Triton on CUDA, the
+            analytic CPU kernel otherwise), "reference" (autograd composition of small ops), "cpu", "compiled".
         fuse_eval: validate a Conv+BN-fused copy of the weights being evaluated (the EMA ones with `EMACallback`),
             made once per validation epoch; False runs the training model in eval mode. Same detections up to
             float rounding.
@@ -224,6 +226,7 @@ class YOLOv5Module(pl.LightningModule):
         channels_last: bool = False,
         optimizer_impl: str = "auto",
         fuse_eval: bool = True,
+        ciou_backend: str = "auto",
     ) -> None:
         super().__init__()
         hyp, names = _plain(hyp), _plain(names)  # before save_hyperparameters, which reads these locals
@@ -239,7 +242,7 @@ class YOLOv5Module(pl.LightningModule):
         self.save_hyperparameters(ignore=["model"])
         self.automatic_optimization = False
         self.model = model
-        self.loss = YOLOv5Loss.from_model(model, hyp, imgsz)
+        self.loss = YOLOv5Loss.from_model(model, hyp, imgsz, ciou_backend=ciou_backend)
         self.map_metric = make_map_metric(max_det)
         self._last_opt_step = -1  # ni of the last optimizer step (YOLOv5's last_opt_step)
         self._step_now = True  # whether the current micro-batch ends with an optimizer step
