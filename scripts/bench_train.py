@@ -1,0 +1,628 @@
+"""Training speed of yolo5l: each speed-up alone and all together, against "everything off", in one process.
+
+For each configuration a fresh YOLODataModule + YOLOv5Module + Trainer runs a short fit (``--epochs`` epochs of
+``--steps`` training batches and ``--val-images`` validation images) on the synthetic dataset and reports:
+
+- steady training images/s (batches after ``--warmup``; each later epoch's first batch is skipped too), the share of
+  that time spent waiting for data, and that rate as a share of the machine's matrix-product ceiling
+  (training FLOPs per image = 3 x forward FLOPs, counted with ``FlopCounterMode``);
+- validation images/s of the last validation (from ``on_validation_start`` to ``on_validation_end``: fused copy,
+  NMS and the mAP computation included);
+- time to the first training step and whole-run wall time (build + fit, imports excluded), peak memory;
+- the loss of the first and last step, to show which options leave the results unchanged.
+
+Configurations (``--configs``, comma separated; ``all`` = every one below):
+
+- ``default``: every speed-up on (bf16-mixed where the CPU has AMX/AVX512-BF16, 16-mixed on CUDA).
+- ``default-fp32``: every speed-up except mixed precision.
+- ``off``: fp32, channels-first, per-tensor EMA, reference (unfused) CIoU, per-tensor optimizer loop, unfused
+  eval model at 2 x batch, TensorBoard defaults (log every step, max_queue 10, flush_secs 120), last + best
+  checkpoint and validation every epoch, no image cache.
+- ``+<option>``: ``off`` with one option switched to its fast value: ``+amp``, ``+channels_last``, ``+ema_foreach``,
+  ``+ciou_fused``, ``+optim_fused``, ``+log_throttle``, ``+ckpt_last``, ``+val_interval``, ``+cache``,
+  ``+fuse_eval``, ``+compile``.
+
+Also measured: fp32 / bf16 GEMM GFLOP/s, fwd+bwd of one batch per precision and memory format, and micro-timings of
+the EMA update, the optimizer step, gradient clipping and CIoU forward+backward. ``--e2e`` also times
+``python -m yolo5l.train`` for one epoch from the command to exit (and the imports alone).
+
+Examples (the machine is shared: compare the ratios printed, measured in the same process):
+
+    python scripts/bench_train.py --configs default,off --steps 8            # a few minutes
+    python scripts/bench_train.py --configs all --steps 16 --epochs 2 --e2e  # the full table
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------- configurations
+@dataclass(frozen=True)
+class Options:
+    """One training configuration; the defaults are the fast choices."""
+
+    amp: bool = True  # bf16-mixed on CPUs with AMX/AVX512-BF16, 16-mixed on CUDA; else 32-true
+    channels_last: bool = True
+    ema_foreach: bool = True
+    ciou: str = "auto"  # "reference" = unfused autograd composition
+    optimizer_impl: str = "auto"  # "loop" = torch's per-tensor implementation (its CPU default)
+    log_throttle: bool = True  # log_every_n_steps 50, TB max_queue 1000 / flush_secs 30 (off: 1, 10 / 120)
+    ckpt_last_only: bool = True  # off: last.ckpt and best.ckpt every epoch (YOLOv5 writes last.pt + best.pt)
+    val_interval: bool = True  # validate after the last epoch only (off: every epoch)
+    cache: str = "ram"
+    fuse_eval: bool = True  # fused Conv+BN copy for validation, val batch 4 x batch (off: unfused, 2 x batch)
+    compile: bool = False  # torch.compile the model (compile time counts in the whole-run time)
+
+
+OFF = Options(
+    amp=False,
+    channels_last=False,
+    ema_foreach=False,
+    ciou="reference",
+    optimizer_impl="loop",
+    log_throttle=False,
+    ckpt_last_only=False,
+    val_interval=False,
+    cache="none",
+    fuse_eval=False,
+)
+FAST = Options()
+TOGGLES: dict[str, dict[str, Any]] = {
+    "+amp": {"amp": True},
+    "+channels_last": {"channels_last": True},
+    "+ema_foreach": {"ema_foreach": True},
+    "+ciou_fused": {"ciou": "auto"},
+    "+optim_fused": {"optimizer_impl": "auto"},
+    "+log_throttle": {"log_throttle": True},
+    "+ckpt_last": {"ckpt_last_only": True},
+    "+val_interval": {"val_interval": True},
+    "+cache": {"cache": "ram"},
+    "+fuse_eval": {"fuse_eval": True},
+    "+compile": {"compile": True},
+}
+CONFIGS: dict[str, Options] = {
+    "default": FAST,
+    "default-fp32": replace(FAST, amp=False),
+    "off": OFF,
+    **{name: replace(OFF, **change) for name, change in TOGGLES.items()},
+}
+
+
+# ---------------------------------------------------------------------------------------------- hardware
+def cpu_has_bf16() -> bool:
+    """AMX or AVX512-BF16 in /proc/cpuinfo (where bf16 autocast is fast on the CPU)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def amp_precision(device: str) -> str:
+    if device == "cuda":
+        return "16-mixed"
+    return "bf16-mixed" if cpu_has_bf16() else "32-true"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _best_time(fn: Any, device: str, repeat: int, warmup: int = 1) -> float:
+    """Smallest wall time of `repeat` calls (the least disturbed by other processes on a shared machine)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def gemm_gflops(dtype: torch.dtype, device: str, n: int = 2048, repeat: int = 5) -> float:
+    """Matrix-product ceiling: 2 n^3 / t of an n x n x n product (best of `repeat`)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / _best_time(lambda: a @ b, device, repeat) / 1e9
+
+
+def forward_flops(model: torch.nn.Module, imgsz: int, device: str) -> float:
+    """FLOPs of one forward pass of one image (FlopCounterMode counts a multiply-add as 2 FLOPs)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m = copy.deepcopy(model).to(device).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        m(torch.zeros(1, 3, imgsz, imgsz, device=device))
+    return float(counter.get_total_flops())
+
+
+# ------------------------------------------------------------------------------------------ micro timings
+def micro_timings(device: str, num_classes: int, repeat: int) -> dict[str, float]:
+    """ms per call: EMA update (loop / foreach), SGD step (loop / foreach / fused), clipping, CIoU fwd+bwd."""
+    from yolo5l_kernels import ciou_xywh
+
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.module import build_optimizer, param_groups
+
+    out: dict[str, float] = {}
+    torch.manual_seed(0)
+    model = YOLOv5.from_name("yolov5s", num_classes=num_classes).to(device)
+    floats = [t for t in model.state_dict().values() if t.is_floating_point()]
+    ema = [t.clone() for t in floats]
+
+    def ema_loop() -> None:
+        for e, m in zip(ema, floats, strict=True):
+            e.lerp_(m, 0.001)
+
+    out["ema_loop_ms"] = 1e3 * _best_time(ema_loop, device, repeat)
+    out["ema_foreach_ms"] = 1e3 * _best_time(lambda: torch._foreach_lerp_(ema, floats, 0.001), device, repeat)
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    grads = [p.grad.clone() for p in params]
+    for impl in ("loop", "foreach", "fused"):
+        opt = build_optimizer("SGD", param_groups(model), 0.01, 0.937, 5e-4, impl=impl)
+
+        def step(opt: torch.optim.Optimizer = opt) -> None:
+            for p, g in zip(params, grads, strict=True):
+                p.grad.copy_(g)  # nesterov foreach updates grads in place: restart from the same ones
+            opt.step()
+
+        copy_only = _best_time(lambda: [p.grad.copy_(g) for p, g in zip(params, grads, strict=True)], device, repeat)
+        out[f"sgd_{impl}_ms"] = 1e3 * max(_best_time(step, device, repeat) - copy_only, 0.0)
+    out["clip_ms"] = 1e3 * _best_time(lambda: torch.nn.utils.clip_grad_norm_(params, 1e9), device, repeat)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    b1 = (torch.rand(1000, 4, generator=g) * 0.5 + 0.25).to(device).requires_grad_()
+    b2 = (torch.rand(1000, 4, generator=g) * 0.5 + 0.25).to(device)
+    for backend in ("reference", "auto"):
+
+        def ciou(backend: str = backend) -> None:
+            (1.0 - ciou_xywh(b1, b2, backend=backend)).sum().backward()
+
+        out[f"ciou_{backend}_ms"] = 1e3 * _best_time(ciou, device, repeat * 4, warmup=3)
+    return out
+
+
+def fwd_bwd_timings(
+    model_fn: Any, batch: int, imgsz: int, device: str, repeat: int, flops_img: float, ceil: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Forward + backward of one batch (random images, sum of heads as the loss) per precision and memory format."""
+    rows = []
+    amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
+    amp_ok = device == "cuda" or cpu_has_bf16()
+    variants = [("fp32", False, False), ("fp32", True, False)] + ([("amp", True, True)] if amp_ok else [])
+    x = torch.rand(batch, 3, imgsz, imgsz, device=device)
+    for name, cl, amp in variants:
+        model = model_fn().to(device).train()
+        fmt = torch.channels_last if cl else torch.contiguous_format
+        model.to(memory_format=fmt)
+        xx = x.contiguous(memory_format=fmt)
+
+        def step(model: torch.nn.Module = model, xx: torch.Tensor = xx, amp: bool = amp) -> None:
+            with torch.autocast(device, dtype=amp_dtype, enabled=amp):
+                heads = model(xx)
+            sum(h.float().sum() for h in heads).backward()
+
+        t = _best_time(step, device, repeat)
+        ips = batch / t
+        ceiling = ceil["amp"] if amp else ceil["fp32"]
+        rows.append(
+            {
+                "variant": f"{name}{' + channels_last' if cl else ''}",
+                "s_per_batch": t,
+                "img_s": ips,
+                "ceiling_share": ips * 3 * flops_img / (ceiling * 1e9),
+            }
+        )
+        del model
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- the runs
+class PeakMemory:
+    """Peak resident memory of this process and its DataLoader workers (PSS where available), sampled in a thread;
+    on CUDA also the peak allocated GPU memory."""
+
+    def __init__(self, device: str, interval: float = 0.25) -> None:
+        self.device, self.interval, self.peak = device, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _mem(proc: Any) -> int:
+        try:
+            return proc.memory_full_info().pss
+        except Exception:
+            return proc.memory_info().rss
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = self._mem(me)
+            for child in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    total += self._mem(child)
+            self.peak = max(self.peak, total)
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.gpu_peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
+
+
+def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
+    from lightning.pytorch.callbacks import Callback
+
+    class BenchTimer(Callback):
+        """Host clocks at batch boundaries (no device syncs inside an epoch, one at the end of each)."""
+
+        def __init__(self, profile_at: int = 0, profile_steps: int = 0) -> None:
+            self.profile_at, self.profile_steps, self.profiler = profile_at, profile_steps, None
+            self.batches: list[tuple[int, int, float, float, float]] = []  # (epoch, idx, prev_end, start, end)
+            self.losses: list[torch.Tensor] = []
+            self.val: list[tuple[int, float]] = []
+            self.first_step: float | None = None
+            self._prev_end = time.perf_counter()
+            self._start = 0.0
+            self._val_t0 = 0.0
+            self._val_images = 0
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._prev_end = time.perf_counter()
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if self.profile_steps and trainer.current_epoch == 0 and batch_idx == self.profile_at:
+                from torch.profiler import ProfilerActivity, profile
+
+                acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.profiler = profile(activities=acts, record_shapes=False)
+                self.profiler.__enter__()
+            self._start = time.perf_counter()
+            if self.first_step is None:
+                self.first_step = self._start
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if batch_idx % 8 == 7 or batch_idx == 0:
+                _sync(pl_module.device.type)  # bounds the host's run-ahead on CUDA; a no-op on the CPU
+            end = time.perf_counter()
+            self.batches.append((trainer.current_epoch, batch_idx, self._prev_end, self._start, end))
+            self._prev_end = end
+            if self.profiler is not None and batch_idx == self.profile_at + self.profile_steps - 1:
+                self.profiler.__exit__(None, None, None)
+                sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+                print(self.profiler.key_averages().table(sort_by=sort, row_limit=30), flush=True)
+                self.profiler = None
+                self.profile_steps = 0
+            if isinstance(outputs, torch.Tensor):
+                self.losses.append(outputs.detach())
+            elif isinstance(outputs, dict) and "loss" in outputs:
+                self.losses.append(outputs["loss"].detach())
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            _sync(pl_module.device.type)
+            self._val_t0, self._val_images = time.perf_counter(), 0
+
+        def on_validation_batch_start(
+            self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+        ) -> None:
+            self._val_images += int(batch[0].shape[0])
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            _sync(pl_module.device.type)
+            self.val.append((self._val_images, time.perf_counter() - self._val_t0))
+
+    return BenchTimer(profile_at, profile_steps)
+
+
+@dataclass
+class Result:
+    name: str
+    options: dict[str, Any]
+    precision: str = ""
+    train_img_s: float = float("nan")
+    data_wait: float = float("nan")
+    ceiling_share: float = float("nan")
+    val_img_s: float = float("nan")
+    first_step_s: float = float("nan")
+    wall_s: float = float("nan")
+    peak_mem_mb: float = float("nan")
+    loss_first: float = float("nan")
+    loss_last: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_config(
+    name: str, opts: Options, args: argparse.Namespace, hyp: dict[str, Any], flops_img: float, ceil: dict[str, float]
+) -> Result:
+    """Build and fit one configuration; everything from building the DataModule to the end of fit is timed."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
+    from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
+    from yolo5l.data.module import YOLODataModule
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.module import YOLOv5Module
+
+    device = args.device
+    precision = amp_precision(device) if opts.amp else "32-true"
+    res = Result(name, asdict(opts), precision=precision)
+    gc.collect()
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp, PeakMemory(device) as mem:
+        t0 = time.perf_counter()
+        pl.seed_everything(0, verbose=False)
+        val_batch = args.batch * (4 if opts.fuse_eval else 2)
+        dm = YOLODataModule(
+            synthetic=dict(root=args.data_root, num_train=512, num_val=128, seed=0),
+            imgsz=args.imgsz,
+            batch_size=args.batch,
+            num_workers=args.workers,
+            cache=opts.cache,
+            hyp=hyp,
+            val_batch_size=val_batch,
+            channels_last=opts.channels_last,
+        )
+        model = YOLOv5.from_name(args.model, num_classes=dm.num_classes, fused_upsample=True)
+        module = YOLOv5Module(
+            model,
+            hyp,
+            batch_size=args.batch,
+            imgsz=args.imgsz,
+            names=dm.names,
+            compile=opts.compile,
+            channels_last=opts.channels_last,
+            optimizer_impl=opts.optimizer_impl,
+            fuse_eval=opts.fuse_eval,
+            ciou_backend=opts.ciou,
+        )
+        timer = _timer_callback(args.warmup, args.profile)
+        callbacks = [
+            EMACallback(foreach=opts.ema_foreach),
+            ValEveryNEpochs(n=args.epochs if opts.val_interval else 1),
+            LastCheckpoint(every_n_epochs=1, save_best=not opts.ckpt_last_only, dirpath=f"{tmp}/ckpt"),
+            timer,
+        ]
+        tb = {"max_queue": 1000, "flush_secs": 30} if opts.log_throttle else {"max_queue": 10, "flush_secs": 120}
+        logger = TensorBoardLogger(tmp, name="", version="", default_hp_metric=False, **tb)
+        trainer = pl.Trainer(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            precision=precision,
+            max_epochs=args.epochs,
+            limit_train_batches=args.steps,
+            limit_val_batches=max(1, math.ceil(args.val_images / val_batch)),
+            num_sanity_val_steps=0,
+            log_every_n_steps=50 if opts.log_throttle else 1,
+            logger=logger,
+            callbacks=callbacks,
+            plugins=[AtomicCheckpointIO()],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            benchmark=device == "cuda",
+            default_root_dir=tmp,
+        )
+        trainer.fit(module, datamodule=dm)
+        _sync(device)
+        res.wall_s = time.perf_counter() - t0
+    res.peak_mem_mb = (mem.gpu_peak if device == "cuda" else mem.peak) / 2**20
+    res.first_step_s = (timer.first_step or math.nan) - t0
+    # Steady state: batches after the warm-up, without the first batch of later epochs (it follows validation).
+    steady = [b for b in timer.batches if (b[0] == 0 and b[1] >= args.warmup) or (b[0] > 0 and b[1] > 0)]
+    if steady:
+        span = sum(end - prev for _, _, prev, _, end in steady)
+        wait = sum(start - prev for _, _, prev, start, _ in steady)
+        res.train_img_s = len(steady) * args.batch / span
+        res.data_wait = wait / span
+        res.ceiling_share = res.train_img_s * 3 * flops_img / (ceil["amp" if opts.amp else "fp32"] * 1e9)
+    if timer.val:
+        images, seconds = timer.val[-1]
+        res.val_img_s = images / seconds
+    if timer.losses:
+        res.loss_first, res.loss_last = float(timer.losses[0]), float(timer.losses[-1])  # after the run: no sync cost
+    del trainer, module, model, dm
+    return res
+
+
+def e2e_timings(args: argparse.Namespace) -> dict[str, float]:
+    """Wall time of `python -m yolo5l.train` (1 epoch, the default config) from the command to exit, and of its
+    imports alone."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "import yolo5l.train, yolo5l.module, yolo5l.data.module"], check=True, env=env, cwd=REPO
+    )
+    imports = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="bench_e2e_") as tmp:
+        cmd = [
+            sys.executable,
+            "-m",
+            "yolo5l.train",
+            "trainer.max_epochs=1",
+            f"hydra.run.dir={tmp}",
+            f"data.synthetic.root={args.data_root}",
+            f"data.imgsz={args.imgsz}",
+            f"data.batch_size={args.batch}",
+            f"data.num_workers={args.workers}",
+            *args.e2e_args,
+        ]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    if proc.returncode:
+        print(f"e2e run failed ({' '.join(cmd)}):\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return {"imports_s": imports}
+    return {"imports_s": imports, "one_epoch_run_s": wall}
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _fmt(x: float, spec: str) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def print_table(results: list[Result]) -> None:
+    base = next((r for r in results if r.name == "off"), None)
+    head = (
+        f"| {'config':<15} | {'precision':<10} | train img/s | x off | data wait | % ceiling | val img/s | x off "
+        f"| 1st step s | wall s | x off | peak MB | loss@1 | loss@last |"
+    )
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    for r in results:
+
+        def ratio(a: float, b: float | None, inverse: bool = False) -> str:
+            if b is None or not b or math.isnan(a) or math.isnan(b):
+                return "-"
+            return f"{(b / a if inverse else a / b):.2f}"
+
+        print(
+            f"| {r.name:<15} | {r.precision:<10} | {_fmt(r.train_img_s, '11.1f')} "
+            f"| {ratio(r.train_img_s, base and base.train_img_s):>5} | {_fmt(100 * r.data_wait, '8.1f')}% "
+            f"| {_fmt(100 * r.ceiling_share, '8.1f')}% | {_fmt(r.val_img_s, '9.1f')} "
+            f"| {ratio(r.val_img_s, base and base.val_img_s):>5} | {_fmt(r.first_step_s, '10.1f')} "
+            f"| {_fmt(r.wall_s, '6.1f')} | {ratio(r.wall_s, base and base.wall_s, inverse=True):>5} "
+            f"| {_fmt(r.peak_mem_mb, '7.0f')} | {_fmt(r.loss_first, '6.3f')} | {_fmt(r.loss_last, '9.3f')} |"
+        )
+    print("x off: speed-up against 'off' (for wall time: off's time / this time).", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--configs",
+        default="default,default-fp32,off," + ",".join(TOGGLES),
+        help=f"comma-separated subset of {list(CONFIGS)} or 'all'",
+    )
+    parser.add_argument("--steps", type=int, default=16, help="training batches per epoch")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=3, help="first training batches left out of the steady rate")
+    parser.add_argument("--val-images", type=int, default=128)
+    parser.add_argument("--model", default="yolov5s")
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data-root", default="datasets/synthetic")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each micro-timing (best is kept)")
+    parser.add_argument("--no-micro", action="store_true", help="skip GEMM, fwd+bwd and micro-timings")
+    parser.add_argument("--e2e", action="store_true", help="also time `python -m yolo5l.train` for one epoch")
+    parser.add_argument("--e2e-args", nargs="*", default=[], help="extra Hydra overrides for the --e2e run")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="torch.profiler over this many steady steps of each config (top ops)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    names = list(CONFIGS) if args.configs == "all" else [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    os.chdir(REPO)
+
+    import warnings
+
+    import yaml
+
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\).*")
+    from yolo5l.models.yolo import YOLOv5
+
+    hyp = yaml.safe_load((REPO / "conf/hyp/scratch-low.yaml").read_text())
+    print(
+        f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
+        f"load average {os.getloadavg()[0]:.1f}; {args.model} imgsz {args.imgsz} batch {args.batch}, "
+        f"{args.workers} workers, {args.epochs} epochs x {args.steps} steps, {args.val_images} val images",
+        flush=True,
+    )
+
+    amp_dtype = torch.float16 if args.device == "cuda" else torch.bfloat16
+    ceil = {"fp32": gemm_gflops(torch.float32, args.device)}
+    ceil["amp"] = gemm_gflops(amp_dtype, args.device) if (args.device == "cuda" or cpu_has_bf16()) else ceil["fp32"]
+    model_fn = lambda: YOLOv5.from_name(args.model, num_classes=3, fused_upsample=True)  # noqa: E731
+    flops_img = forward_flops(model_fn(), args.imgsz, args.device)
+    report: dict[str, Any] = {"gemm_gflops": ceil, "forward_gflops_per_image": flops_img / 1e9}
+    print(
+        f"GEMM ceiling: fp32 {ceil['fp32']:.0f} GFLOP/s, {amp_dtype} {ceil['amp']:.0f} GFLOP/s; "
+        f"{args.model} forward {flops_img / 1e9:.2f} GFLOP/image at {args.imgsz} (training ~3x)",
+        flush=True,
+    )
+    if not args.no_micro:
+        rows = fwd_bwd_timings(model_fn, args.batch, args.imgsz, args.device, args.repeat, flops_img, ceil)
+        report["fwd_bwd"] = rows
+        print("\nforward + backward of one batch (no data, no optimizer):")
+        for r in rows:
+            print(
+                f"  {r['variant']:<24} {r['s_per_batch']:.3f} s  {r['img_s']:6.1f} img/s  "
+                f"{100 * r['ceiling_share']:5.1f}% of its GEMM ceiling  "
+                f"x{rows[0]['s_per_batch'] / r['s_per_batch']:.2f}"
+            )
+        micro = micro_timings(args.device, 3, args.repeat * 3)
+        report["micro_ms"] = micro
+        print(
+            "\nmicro-timings (ms): " + ", ".join(f"{k.removesuffix('_ms')} {v:.2f}" for k, v in micro.items()),
+            flush=True,
+        )
+
+    results = []
+    for name in names:
+        print(f"\n[{name}] {CONFIGS[name]}", flush=True)
+        r = run_config(name, CONFIGS[name], args, hyp, flops_img, ceil)
+        results.append(r)
+        print(
+            f"[{name}] train {r.train_img_s:.1f} img/s (data wait {100 * r.data_wait:.1f}%), "
+            f"val {r.val_img_s:.1f} img/s, first step {r.first_step_s:.1f} s, wall {r.wall_s:.1f} s, "
+            f"peak {r.peak_mem_mb:.0f} MB, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+    print()
+    print_table(results)
+    report["runs"] = [asdict(r) for r in results]
+    if args.e2e:
+        report["e2e"] = e2e_timings(args)
+        print(
+            f"\nstart-up: imports {report['e2e'].get('imports_s', math.nan):.1f} s; one-epoch run (command to exit) "
+            f"{report['e2e'].get('one_epoch_run_s', math.nan):.1f} s",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
