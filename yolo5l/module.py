@@ -247,7 +247,7 @@ class YOLOv5Module(pl.LightningModule):
         self._last_opt_step = -1  # ni of the last optimizer step (YOLOv5's last_opt_step)
         self._step_now = True  # whether the current micro-batch ends with an optimizer step
         self._no_sync = ExitStack()
-        self._eval_model: nn.Module | None = None  # fused copy for validation (not a submodule: not in state_dict)
+        self._eval_model: nn.Module | None = None  # fused copy for validation; never a submodule (see below)
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -356,7 +356,8 @@ class YOLOv5Module(pl.LightningModule):
     # ---- validation / prediction ---------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         # Callbacks' hooks run before the module's, so EMACallback has already swapped the EMA weights in.
-        self._eval_model = self.fused_copy() if self.hparams.fuse_eval else None
+        # object.__setattr__: nn.Module's would register the copy as a submodule (and put it in checkpoints).
+        object.__setattr__(self, "_eval_model", self.fused_copy() if self.hparams.fuse_eval else None)
 
     def fused_copy(self) -> nn.Module:
         """A Conv+BN-fused, eval-mode, frozen copy of the current weights (a few ms for yolov5s).

@@ -1,0 +1,238 @@
+"""The training speed options give the same results as their slow baselines (nothing here is timed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from _module_helpers import TinyData, one_thread, tiny_module, trainer  # noqa: F401 (one_thread)
+from torch import nn
+
+from yolo5l.callbacks import EMACallback
+from yolo5l.models.yolo import YOLOv5
+from yolo5l.module import build_optimizer, param_groups, resolve_optimizer_impl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _Holder(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(2, 3))
+
+
+def _ema_after_updates(foreach: bool, steps: int = 5) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    module = _Holder()
+    ema = EMACallback(decay=0.9, tau=3, foreach=foreach)
+    ema.on_fit_start(None, module)
+    ema.on_train_start(SimpleNamespace(global_step=0), module)
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(torch.randn_like(p))
+            module.model[1].num_batches_tracked += 1
+            module.model[1].running_mean.add_(0.5)
+        ema.on_train_batch_end(SimpleNamespace(global_step=step), module, None, None, step)
+    return {k: v.clone() for k, v in ema.ema_state_dict.items()}
+
+
+def test_foreach_ema_equals_per_tensor_loop():
+    fast, loop = _ema_after_updates(True), _ema_after_updates(False)
+    assert fast.keys() == loop.keys()
+    for k in fast:
+        assert torch.equal(fast[k], loop[k]), k
+    # and both are the EMA: after 5 updates the int buffer is copied, the floats moved away from the start
+    assert int(fast["model.1.num_batches_tracked"]) == 5
+    assert not torch.equal(fast["model.1.running_mean"], torch.zeros(4))
+
+
+def test_ema_loop_matches_hand_computed_value():
+    module = _Holder()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.zero_()
+    ema = EMACallback(decay=0.5, tau=1e-9, foreach=False)  # d = 0.5 from the first update
+    ema.on_fit_start(None, module)
+    ema.on_train_start(SimpleNamespace(global_step=0), module)
+    with torch.no_grad():
+        module.model[2].bias.fill_(4.0)
+    ema.on_train_batch_end(SimpleNamespace(global_step=1), module, None, None, 0)
+    ema.on_train_batch_end(SimpleNamespace(global_step=2), module, None, None, 1)
+    # v1 = 0.5 * 0 + 0.5 * 4 = 2, v2 = 0.5 * 2 + 0.5 * 4 = 3
+    torch.testing.assert_close(ema.ema_state_dict["model.2.bias"], torch.full((3,), 3.0))
+
+
+def test_resolve_optimizer_impl():
+    assert resolve_optimizer_impl("auto", "cpu", grad_scaler=False) == "fused"
+    assert resolve_optimizer_impl("auto", "cuda", grad_scaler=False) == "fused"
+    assert resolve_optimizer_impl("auto", "cuda", grad_scaler=True) == "foreach"
+    assert resolve_optimizer_impl("auto", "mps", grad_scaler=False) == "foreach"
+    assert resolve_optimizer_impl("loop", "cpu", grad_scaler=False) == "loop"
+    with pytest.raises(ValueError, match="16-mixed"):
+        resolve_optimizer_impl("fused", "cuda", grad_scaler=True)
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        resolve_optimizer_impl("apex", "cpu", grad_scaler=False)
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        tiny_module(optimizer_impl="apex")
+
+
+@pytest.mark.parametrize("name", ["SGD", "AdamW"])
+def test_fused_foreach_and_loop_optimizers_agree(name):
+    torch.manual_seed(0)
+    base = YOLOv5(num_classes=2, depth=0.33, width=0.125)
+    grads = [[torch.randn_like(p) * 1e-2 for p in base.parameters()] for _ in range(3)]
+    final = {}
+    for impl in ("loop", "foreach", "fused"):
+        model = YOLOv5(num_classes=2, depth=0.33, width=0.125)
+        model.load_state_dict(base.state_dict())
+        opt = build_optimizer(name, param_groups(model), 0.01, 0.937, 5e-4, impl=impl)
+        assert opt.defaults.get("fused") is (True if impl == "fused" else None)
+        for step in grads:
+            for p, g in zip(model.parameters(), step, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        final[impl] = [p.detach().clone() for p in model.parameters()]
+    for impl in ("foreach", "fused"):
+        for a, b in zip(final[impl], final["loop"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert any(not torch.equal(a, p) for a, p in zip(final["loop"], base.parameters(), strict=True))
+
+
+def _fit_weights(tmp_path, **module_kw) -> dict[str, torch.Tensor]:
+    module = tiny_module(**module_kw)
+    tr = trainer(tmp_path, max_epochs=1, limit_val_batches=0)
+    tr.fit(module, TinyData())
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+def test_fused_optimizer_and_fused_ciou_train_like_the_baseline(tmp_path):
+    fast = _fit_weights(tmp_path / "a", optimizer_impl="auto", ciou_backend="auto")
+    slow = _fit_weights(tmp_path / "b", optimizer_impl="loop", ciou_backend="reference")
+    for k in fast:
+        torch.testing.assert_close(fast[k], slow[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_fused_optimizer_is_clipped_under_bf16_mixed(tmp_path):
+    """Lightning refuses to clip fused optimizers under mixed precision; the module clips itself without a scaler."""
+    module = tiny_module(channels_last=True)
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            seen.append(optimizer.defaults.get("fused"))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(bool(torch.isfinite(outputs["loss"])))
+
+    tr = trainer(tmp_path, [Spy()], max_epochs=1, limit_val_batches=0, precision="bf16-mixed")
+    tr.fit(module, TinyData(n=8, batch_size=4))
+    assert module.optimizers().optimizer.defaults["fused"] is True
+    assert all(seen)
+    assert len(seen) >= 2
+
+
+def test_clipping_without_scaler_matches_norm_10(tmp_path):
+    module = tiny_module()
+    tr = trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0)
+    tr.fit(module, TinyData())  # attaches the trainer, builds the optimizer
+    opt = module.optimizers().optimizer
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for p in params:
+        p.grad = torch.full_like(p, 3.0)
+    n = sum(p.numel() for p in params)
+    module.on_before_optimizer_step(opt)
+    total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+    torch.testing.assert_close(total, torch.tensor(10.0), rtol=1e-4, atol=0)  # 3 sqrt(n) > 10: scaled to 10
+    torch.testing.assert_close(params[0].grad[0].flatten()[0], torch.tensor(10.0 / n**0.5), rtol=1e-4, atol=0)
+
+
+class _ChannelsLastData(TinyData):
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return (batch[0].contiguous(memory_format=torch.channels_last), *batch[1:])
+
+
+def test_channels_last_bf16_module_trains(tmp_path):
+    module = tiny_module(channels_last=True)
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(batch[0].is_contiguous(memory_format=torch.channels_last))
+
+    tr = trainer(tmp_path, [Spy()], max_epochs=1, precision="bf16-mixed")
+    tr.fit(module, _ChannelsLastData())
+    assert seen
+    assert all(seen)
+    assert module.model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert torch.isfinite(tr.callback_metrics["val/map"])
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_eval_copy_gives_the_same_detections(channels_last):
+    module = tiny_module(channels_last=channels_last)
+    model = module.model
+    with torch.no_grad():  # non-trivial BN statistics, so the fold is actually exercised
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    model.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fused = module.fused_copy()
+    assert fused is not model
+    assert not fused.training
+    assert all(m.bn is None for m in fused.modules() if hasattr(m, "bn"))
+    assert all(not p.requires_grad for p in fused.parameters())
+    assert "_eval_model" not in dict(module.named_modules())
+    x = torch.rand(2, 3, 64, 64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+        assert fused.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        ref, out = model.decode(model(x)), fused.decode(fused(x))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the training model is untouched
+    module.on_validation_epoch_start()  # as during validation: the copy stays out of the checkpoint
+    assert module._eval_model is not None
+    assert set(module.state_dict()) == {k for k in module.state_dict() if "_eval_model" not in k}
+    assert len([k for k in module.state_dict() if k.startswith("model.")]) == len(before)
+
+
+def test_fused_eval_validation_equals_unfused(tmp_path):
+    results = {}
+    for fuse in (True, False):
+        module = tiny_module(fuse_eval=fuse)
+        tr = trainer(tmp_path / str(fuse), [EMACallback(tau=2)], max_epochs=1)
+        tr.fit(module, TinyData())
+        assert module._eval_model is None  # freed after validation
+        results[fuse] = {k: float(v) for k, v in tr.callback_metrics.items() if k.startswith("val/")}
+    assert results[True].keys() == results[False].keys()
+    for k in results[True]:
+        assert results[True][k] == pytest.approx(results[False][k], abs=1e-4), k
+
+
+def test_ciou_backend_reaches_the_loss():
+    assert tiny_module(ciou_backend="reference").loss.ciou_backend == "reference"
+    assert tiny_module().loss.ciou_backend == "auto"
+
+
+@pytest.mark.slow
+def test_compiled_module_trains_or_skips(tmp_path):
+    module = tiny_module(compile=True)
+    tr = trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+    try:
+        tr.fit(module, TinyData())
+    except Exception as e:  # no C compiler / inductor unavailable on this machine
+        if "compile" in type(e).__module__ or "inductor" in str(e).lower() or "compiler" in str(e).lower():
+            pytest.skip(f"torch.compile unavailable here: {type(e).__name__}: {str(e)[:200]}")
+        raise
+    assert module.model._compiled_call_impl is not None
+    assert torch.isfinite(tr.callback_metrics["val/map"])
