@@ -236,3 +236,18 @@ def test_compiled_module_trains_or_skips(tmp_path):
         raise
     assert module.model._compiled_call_impl is not None
     assert torch.isfinite(tr.callback_metrics["val/map"])
+
+
+def test_per_image_nms_equals_the_batch_call():
+    from yolo5l.boxes import non_max_suppression
+
+    module = tiny_module()
+    module.model.eval()
+    torch.manual_seed(1)
+    heads = module.model(torch.rand(3, 3, 64, 64))
+    dets = module._detect(heads)
+    ref = non_max_suppression(module.model.decode(heads), 0.001, 0.6, multi_label=True, max_det=300, max_nms=30000)
+    assert len(dets) == 3
+    assert sum(len(d) for d in dets) > 0
+    for d, r in zip(dets, ref, strict=True):
+        assert torch.equal(d, r)
