@@ -231,8 +231,10 @@ def test_compiled_matches_reference(n):
     grads = torch.autograd.grad(out, (b1, b2), g)
     ref = ref_ciou_xywh(b1, b2)
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
+    # Inductor fuses the backward in another order: gradients of O(1) agree to ~1e-5 absolute, and an element
+    # that cancels to ~1e-4 can differ by a few percent relative, so compare gradients absolutely.
     for a, b in zip(grads, torch.autograd.grad(ref, (b1, b2), g)):
-        torch.testing.assert_close(a, b, **TOL[torch.float32])
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 _TRITON_CHECK = """
