@@ -142,7 +142,7 @@ def _best_time(fn: Any, device: str, repeat: int, warmup: int = 1) -> float:
     return best
 
 
-def gemm_gflops(dtype: torch.dtype, device: str, n: int = 2048, repeat: int = 5) -> float:
+def gemm_gflops(dtype: torch.dtype, device: str, n: int = 2048, repeat: int = 10) -> float:
     """Matrix-product ceiling: 2 n^3 / t of an n x n x n product (best of `repeat`)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -244,16 +244,21 @@ def fwd_bwd_timings(
 
 # --------------------------------------------------------------------------------------------- the runs
 class PeakMemory:
-    """Peak resident memory of this process and its DataLoader workers (PSS where available), sampled in a thread;
-    on CUDA also the peak allocated GPU memory."""
+    """Peak memory of this process (RSS) plus its DataLoader workers (PSS where available), sampled in a thread every
+    second; on CUDA also the peak allocated GPU memory.
 
-    def __init__(self, device: str, interval: float = 0.25) -> None:
+    Only the workers' PSS is read: reading a process's smaps takes that process's memory-map lock, which would
+    stall the training process's page faults (allocations) while the sampler walks its pages. The RAM cache
+    shared copy-on-write with the workers is therefore counted in full in this process and in part in theirs.
+    """
+
+    def __init__(self, device: str, interval: float = 1.0) -> None:
         self.device, self.interval, self.peak = device, interval, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
-    def _mem(proc: Any) -> int:
+    def _pss(proc: Any) -> int:
         try:
             return proc.memory_full_info().pss
         except Exception:
@@ -264,12 +269,12 @@ class PeakMemory:
 
         me = psutil.Process()
         while not self._stop.is_set():
-            total = self._mem(me)
+            total = me.memory_info().rss
             for child in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    total += self._mem(child)
+                    total += self._pss(child)
             self.peak = max(self.peak, total)
-            time.sleep(self.interval)
+            self._stop.wait(self.interval)
 
     def __enter__(self) -> PeakMemory:
         if self.device == "cuda":
