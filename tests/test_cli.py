@@ -125,7 +125,7 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, num_workers, cra
 
 @pytest.mark.slow
 def test_learns_on_synthetic(tmp_path):
-    """A short real CPU training on the synthetic shapes lifts mAP@0.5 well above chance (~0)."""
+    """A short real CPU training on the synthetic shapes lifts mAP@0.5 well above chance (~0): above 0.5."""
     r = run_train(
         "experiment=synthetic_learn",
         f"hydra.run.dir={tmp_path / 'run'}",
@@ -135,4 +135,4 @@ def test_learns_on_synthetic(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_metrics_csv(tmp_path / "run" / "metrics.csv")
     best = max(float(row["val/map_50"]) for row in rows if row["val/map_50"])
-    assert best > 0.3, rows
+    assert best > 0.5, rows  # measured: 0.87 mAP@0.5 (0.51 mAP@0.5:0.95) after 25 epochs
