@@ -6,8 +6,8 @@ For each configuration a fresh YOLODataModule + YOLOv5Module + Trainer runs a sh
 - steady training images/s (batches after ``--warmup``; each later epoch's first batch is skipped too), the share of
   that time spent waiting for data, and that rate as a share of the machine's matrix-product ceiling
   (training FLOPs per image = 3 x forward FLOPs, counted with ``FlopCounterMode``);
-- validation images/s of the last validation (from ``on_validation_start`` to ``on_validation_end``: fused copy,
-  NMS and the mAP computation included);
+- validation images/s of the last validation (from its first batch to ``on_validation_end``: forward, NMS, the
+  mAP computation included; the DataLoader workers' start-up and the first batch's loading left out);
 - time to the first training step and whole-run wall time (build + fit, imports excluded), peak memory;
 - the loss of the first and last step, to show which options leave the results unchanged.
 
@@ -343,6 +343,8 @@ def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
         def on_validation_batch_start(
             self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
         ) -> None:
+            if batch_idx == 0:  # the clock starts at the first batch: worker start-up is not validation speed
+                self._val_t0 = time.perf_counter()
             self._val_images += int(batch[0].shape[0])
 
         def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
