@@ -27,7 +27,10 @@ class EMACallback(Callback):
     - One `torch._foreach_lerp_(ema, model, 1 - d)` per optimizer step (a step is detected by `trainer.global_step`
       increasing), d = decay (1 - exp(-updates / tau)) computed on the host; integer buffers are copied.
     - The EMA tensors live on the callback, not in the module (out of DDP and the optimizer). Every rank computes
-      the same EMA from the same synchronised weights, so no communication is needed.
+      the same EMA of the parameters from the same all-reduced updates. Buffers are not synchronised by DDP after
+      the forward pass (it broadcasts rank 0's at the start of the next one), so each rank's BatchNorm running
+      statistics, and their EMA, drift apart; before the EMA is used (each validation, the end of training) rank
+      0's EMA buffers are broadcast to all ranks (one small collective), as YOLOv5 keeps the EMA on rank 0 only.
     - Validation runs on the EMA weights (swapped in and back out); at the end of training the EMA weights become
       the model's.
     - Checkpoints (the `WeightAveraging` layout): `state_dict` holds the EMA weights, so any loader that reads only
@@ -58,6 +61,7 @@ class EMACallback(Callback):
         self._ema_floats: list[Tensor] = []
         self._model_floats: list[Tensor] = []
         self._int_pairs: list[tuple[Tensor, Tensor]] = []
+        self._ema_buffers: list[Tensor] = []  # EMA copies of the buffers (BN running stats): rank-dependent
         self._last_step = -1
         self._swapped = False
 
@@ -80,6 +84,8 @@ class EMACallback(Callback):
         self._ema_floats = [self._ema[i] for i in floats]
         self._model_floats = [self._model[i] for i in floats]
         self._int_pairs = [(self._ema[i], self._model[i]) for i in range(len(self._ema)) if i not in set(floats)]
+        params = {n for n, _ in pl_module.named_parameters()}
+        self._ema_buffers = [t for n, t in zip(self._names, self._ema, strict=True) if n not in params]
         self._pending = None
 
     @property
@@ -123,6 +129,22 @@ class EMACallback(Callback):
             for e, m in self._int_pairs:
                 e.copy_(m)
 
+    def _broadcast_buffers(self, trainer: pl.Trainer) -> None:
+        """Give every rank rank 0's EMA buffers (DDP keeps the parameters, not the running statistics, in sync)."""
+        if not self._ema_buffers or getattr(trainer, "world_size", 1) < 2:
+            return
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for t in self._ema_buffers:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        with torch.no_grad():
+            for tensors in by_dtype.values():  # one collective per dtype (float stats, int64 batch counters)
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+                torch.distributed.broadcast(flat, src=0)
+                for t, v in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+                    t.copy_(v.view_as(t))
+
     def _swap(self, pl_module: pl.LightningModule) -> None:
         with torch.no_grad():
             for e, m in zip(self._ema, self._model, strict=True):
@@ -136,6 +158,7 @@ class EMACallback(Callback):
         if not self._ema and self._pending is not None:
             self._build(pl_module)  # trainer.validate(ckpt_path=...) with this callback: evaluate the EMA weights
         if self._ema and not self._swapped:
+            self._broadcast_buffers(trainer)  # every rank validates rank 0's EMA (the one checkpoints hold)
             self._swap(pl_module)
 
     @override
@@ -146,6 +169,7 @@ class EMACallback(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._ema:
+            self._broadcast_buffers(trainer)
             with torch.no_grad():
                 for e, m in zip(self._ema, self._model, strict=True):
                     m.copy_(e)
