@@ -189,12 +189,6 @@ def test_ddp_no_sync_on_accumulation_micro_batches(ddp_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open finding: yolo5l/train.py passes the TOTAL batch (data.batch_size) as YOLOv5Module's batch_size, "
-    "which is per device (module._total_batch multiplies by world_size), so under DDP the module counts "
-    "world_size x the real total batch: accumulation to nbs and the weight-decay scaling are off by that factor",
-)
 def test_ddp_accumulation_counts_the_total_batch(ddp_run):
     # nbs=128, total batch 4 (2 ranks x 2): warmup accumulation round(1 + (128 / 4 - 1) ni / 100) with at least 100
     # warmup iterations -> 1, 1, 2, 2, 2, 3, 3, 3 for ni 0..7 -> optimizer steps at ni 0, 1, 3, 6.
