@@ -371,9 +371,7 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_config(
-    name: str, opts: Options, args: argparse.Namespace, hyp: dict[str, Any], flops_img: float, ceil: dict[str, float]
-) -> Result:
+def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str, Any]) -> Result:
     """Build and fit one configuration; everything from building the DataModule to the end of fit is timed."""
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -453,7 +451,6 @@ def run_config(
         wait = sum(start - prev for _, _, prev, start, _ in steady)
         res.train_img_s = len(steady) * args.batch / span
         res.data_wait = wait / span
-        res.ceiling_share = res.train_img_s * 3 * flops_img / (ceil["amp" if opts.amp else "fp32"] * 1e9)
     if timer.val:
         images, seconds = timer.val[-1]
         res.val_img_s = images / seconds
@@ -461,6 +458,19 @@ def run_config(
         res.loss_first, res.loss_last = float(timer.losses[0]), float(timer.losses[-1])  # after the run: no sync cost
     del trainer, module, model, dm
     return res
+
+
+def run_isolated(name: str, args: argparse.Namespace, argv: list[str] | None) -> Result:
+    """`run_config` in a fresh interpreter: no memory or thread state carried over between configurations."""
+    with tempfile.TemporaryDirectory(prefix="bench_cfg_") as tmp:
+        out = Path(tmp) / "result.json"
+        passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+        cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--configs", name, "--child-out", str(out)]
+        proc = subprocess.run(cmd, cwd=REPO)
+        if proc.returncode or not out.is_file():
+            print(f"[{name}] failed (exit code {proc.returncode})", file=sys.stderr, flush=True)
+            return Result(name, asdict(CONFIGS[name]))
+        return Result(**json.loads(out.read_text()))
 
 
 def e2e_timings(args: argparse.Namespace) -> dict[str, float]:
@@ -551,6 +561,10 @@ def main(argv: list[str] | None = None) -> None:
         "--profile", type=int, default=0, help="torch.profiler over this many steady steps of each config (top ops)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run every config in this process (default: one process each)"
+    )
+    parser.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = list(CONFIGS) if args.configs == "all" else [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [n for n in names if n not in CONFIGS]
@@ -571,6 +585,10 @@ def main(argv: list[str] | None = None) -> None:
     from yolo5l.models.yolo import YOLOv5
 
     hyp = yaml.safe_load((REPO / "conf/hyp/scratch-low.yaml").read_text())
+    if args.child_out is not None:  # one configuration for run_isolated
+        r = run_config(names[0], CONFIGS[names[0]], args, hyp)
+        args.child_out.write_text(json.dumps(asdict(r), default=str))
+        return
     print(
         f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
         f"load average {os.getloadavg()[0]:.1f}; {args.model} imgsz {args.imgsz} batch {args.batch}, "
@@ -609,7 +627,9 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for name in names:
         print(f"\n[{name}] {CONFIGS[name]}", flush=True)
-        r = run_config(name, CONFIGS[name], args, hyp, flops_img, ceil)
+        r = run_isolated(name, args, argv) if not args.in_process else run_config(name, CONFIGS[name], args, hyp)
+        if not math.isnan(r.train_img_s):
+            r.ceiling_share = r.train_img_s * 3 * flops_img / (ceil["amp" if CONFIGS[name].amp else "fp32"] * 1e9)
         results.append(r)
         print(
             f"[{name}] train {r.train_img_s:.1f} img/s (data wait {100 * r.data_wait:.1f}%), "
