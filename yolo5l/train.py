@@ -252,7 +252,15 @@ def build(cfg: DictConfig, world: int = 1) -> tuple[Any, Any, Any]:
     hyp = _plain(cfg.hyp)
     total_batch = int(cfg.data.batch_size)
     per_device = total_batch // world if total_batch > 0 else 16  # -1: the tuner's start point is set below
-    datamodule = instantiate(cfg.data, hyp=hyp, batch_size=per_device, seed=int(cfg.seed), _convert_="all")
+    module_opts = _plain(cfg.get("module") or {})
+    datamodule = instantiate(
+        cfg.data,
+        hyp=hyp,
+        batch_size=per_device,
+        seed=int(cfg.seed),
+        channels_last=bool(module_opts.get("channels_last", False)),  # batches in the model's memory format
+        _convert_="all",
+    )
     model = instantiate(cfg.model, num_classes=datamodule.num_classes, _convert_="all")
     if cfg.get("weights"):
         load_weights(model, str(cfg.weights))
@@ -268,7 +276,7 @@ def build(cfg: DictConfig, world: int = 1) -> tuple[Any, Any, Any]:
         optimizer=str(cfg.optimizer),
         cos_lr=bool(cfg.cos_lr),
         compile=bool(cfg.compile),
-        **_plain(cfg.get("module") or {}),
+        **module_opts,
     )
 
     tcfg = cfg.trainer
