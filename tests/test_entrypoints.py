@@ -157,3 +157,42 @@ def test_batch_size_search_refuses_two_devices(tmp_path):
     last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
     assert last.startswith("error: data.batch_size=-1")
     assert "needs a single device" in last
+
+
+def test_finetune_from_ultralytics_weights_with_frozen_backbone(tmp_path):
+    """`weights=<ultralytics yolov5s.pt> freeze=10`: every tensor but the Detect convs (80 -> 4 classes) is taken from
+    the file, and the frozen backbone's convolutions leave training unchanged."""
+    import torch
+    from test_weights import YOLOV5S_YAML, _randomize, _ultralytics_ckpt, fake_ultralytics
+
+    with fake_ultralytics() as yolo:
+        torch.manual_seed(0)
+        src = yolo.DetectionModel(YOLOV5S_YAML)
+        _randomize(src)
+        src.half()
+        path = tmp_path / "yolov5s.pt"
+        torch.save(_ultralytics_ckpt(src), path)
+        src_state = {k: v.float() for k, v in src.state_dict().items()}
+    run_dir = tmp_path / "run"
+    r = run(
+        "yolo5l.train",
+        "experiment=smoke",
+        "model=yolov5s",
+        f"weights={path}",
+        "freeze=10",
+        f"hydra.run.dir={run_dir}",
+        f"data.synthetic.root={tmp_path / 'synthetic'}",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "logger=none",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"transferred 343/349 items from {path}" in r.stdout + r.stderr
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    trained = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
+    backbone = [k for k in src_state if k.startswith(tuple(f"model.{i}." for i in range(10))) and "conv.weight" in k]
+    assert len(backbone) > 20
+    for k in backbone:  # frozen: exactly the file's weights (EMA of a constant is that constant)
+        torch.testing.assert_close(trained[k], src_state[k], rtol=0, atol=0, msg=k)
+    assert not torch.equal(trained["model.17.cv1.conv.weight"], src_state["model.17.cv1.conv.weight"])  # trained
+    torch.testing.assert_close(trained["model.24.anchors"], src_state["model.24.anchors"])
