@@ -79,5 +79,7 @@ def test_multirun_two_jobs_write_summary(tmp_path):
         assert row["status"] == "finished"
         assert float(row["wall_s"]) > 0
         assert float(row["map_50"]) >= 0  # a number, not nan: val/map_50 reached the table
+        assert float(row["images_per_sec"]) > 0  # the ThroughputMonitor's numbers reached it too
+        assert 0 <= float(row["data_wait"]) <= 1
         assert Path(row["output_dir"], "metrics.csv").is_file()
     assert str(sweep / "summary.md") in r.stdout
