@@ -109,12 +109,10 @@ CONFIGS: dict[str, Options] = {
 
 # ---------------------------------------------------------------------------------------------- hardware
 def cpu_has_bf16() -> bool:
-    """AMX or AVX512-BF16 in /proc/cpuinfo (where bf16 autocast is fast on the CPU)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    """AMX or AVX512-BF16 on this CPU: yolo5l.train's rule for `trainer.precision=auto` (imported lazily)."""
+    from yolo5l.train import cpu_has_bf16 as has_bf16
+
+    return has_bf16()
 
 
 def amp_precision(device: str) -> str:
