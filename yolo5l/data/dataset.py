@@ -132,6 +132,12 @@ class YOLODataset(Dataset):
         images = [self.load_image(i)[0] for i in idx]
         img, labels = aug.mosaic4(images, [self.labels[i] for i in idx], s, (xc, yc))
         img, labels = aug.copy_paste_boxes(img, labels, p=self.hyp["copy_paste"], rng=rng)
+        return self._perspective(img, labels, rng, border=self.mosaic_border)
+
+    def _perspective(
+        self, img: np.ndarray, labels: np.ndarray, rng: np.random.Generator, border: tuple[int, int] = (0, 0)
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """YOLOv5's random_perspective with the geometric hyperparameters of ``self.hyp``."""
         h = self.hyp
         return aug.random_perspective(
             img,
@@ -141,7 +147,7 @@ class YOLODataset(Dataset):
             scale=h["scale"],
             shear=h["shear"],
             perspective=h["perspective"],
-            border=self.mosaic_border,
+            border=border,
             rng=rng,
         )
 
@@ -183,16 +189,7 @@ class YOLODataset(Dataset):
         else:
             img, labels, shapes = self._letterboxed(index)
             if rng is not None:
-                img, labels = aug.random_perspective(
-                    img,
-                    labels,
-                    degrees=h["degrees"],
-                    translate=h["translate"],
-                    scale=h["scale"],
-                    shear=h["shear"],
-                    perspective=h["perspective"],
-                    rng=rng,
-                )
+                img, labels = self._perspective(img, labels, rng)
         nl = len(labels)
         if nl:
             labels[:, 1:5] = aug.xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True, eps=1e-3)
