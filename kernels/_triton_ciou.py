@@ -40,18 +40,21 @@ def _min_w(a, b):
     return tl.where(a < b, 1.0, tl.where(a == b, 0.5, 0.0))
 
 @triton.jit
+def _load_xywh(ptr, offs, m):
+    # (N, 4) cx,cy,w,h rows in fp32; masked lanes get a harmless unit box (no division by zero).
+    x = tl.load(ptr + offs * 4 + 0, mask=m, other=0.0).to(tl.float32)
+    y = tl.load(ptr + offs * 4 + 1, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
+    h = tl.load(ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
+    return x, y, w, h
+
+@triton.jit
 def _ciou_fwd_kernel(b1_ptr, b2_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    x1 = tl.load(b1_ptr + offs * 4 + 0, mask=m, other=0.0).to(tl.float32)
-    y1 = tl.load(b1_ptr + offs * 4 + 1, mask=m, other=0.0).to(tl.float32)
-    w1 = tl.load(b1_ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
-    h1 = tl.load(b1_ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
-    x2 = tl.load(b2_ptr + offs * 4 + 0, mask=m, other=0.0).to(tl.float32)
-    y2 = tl.load(b2_ptr + offs * 4 + 1, mask=m, other=0.0).to(tl.float32)
-    w2 = tl.load(b2_ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
-    h2 = tl.load(b2_ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
+    x1, y1, w1, h1 = _load_xywh(b1_ptr, offs, m)
+    x2, y2, w2, h2 = _load_xywh(b2_ptr, offs, m)
     lx1, hx1, ly1, hy1 = x1 - w1 * 0.5, x1 + w1 * 0.5, y1 - h1 * 0.5, y1 + h1 * 0.5
     lx2, hx2, ly2, hy2 = x2 - w2 * 0.5, x2 + w2 * 0.5, y2 - h2 * 0.5, y2 + h2 * 0.5
     iw = tl.maximum(tl.minimum(hx1, hx2) - tl.maximum(lx1, lx2), 0.0)
@@ -75,14 +78,8 @@ def _ciou_bwd_kernel(b1_ptr, b2_ptr, g_ptr, g1_ptr, g2_ptr, n, eps, BLOCK: tl.co
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    x1 = tl.load(b1_ptr + offs * 4 + 0, mask=m, other=0.0).to(tl.float32)
-    y1 = tl.load(b1_ptr + offs * 4 + 1, mask=m, other=0.0).to(tl.float32)
-    w1 = tl.load(b1_ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
-    h1 = tl.load(b1_ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
-    x2 = tl.load(b2_ptr + offs * 4 + 0, mask=m, other=0.0).to(tl.float32)
-    y2 = tl.load(b2_ptr + offs * 4 + 1, mask=m, other=0.0).to(tl.float32)
-    w2 = tl.load(b2_ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
-    h2 = tl.load(b2_ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
+    x1, y1, w1, h1 = _load_xywh(b1_ptr, offs, m)
+    x2, y2, w2, h2 = _load_xywh(b2_ptr, offs, m)
     g = tl.load(g_ptr + offs, mask=m, other=0.0).to(tl.float32)
     # Forward, recomputed.
     lx1, hx1, ly1, hy1 = x1 - w1 * 0.5, x1 + w1 * 0.5, y1 - h1 * 0.5, y1 + h1 * 0.5
