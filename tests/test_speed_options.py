@@ -224,6 +224,14 @@ def test_ciou_backend_reaches_the_loss():
     assert tiny_module().loss.ciou_backend == "auto"
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_tune_malloc_option_applies_in_setup(monkeypatch, enabled):
+    calls = []
+    monkeypatch.setattr("yolo5l.module.tune_malloc", lambda: calls.append(1) or True)
+    tiny_module(tune_malloc=enabled).setup("fit")
+    assert calls == ([1] if enabled else [])
+
+
 @pytest.mark.slow
 def test_compiled_module_trains_or_skips(tmp_path):
     module = tiny_module(compile=True)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh2xyxy
+from yolo5l.hostmem import tune_malloc
 from yolo5l.loss import YOLOv5Loss
 from yolo5l.metrics import make_map_metric, summarize_map
 
@@ -207,6 +208,8 @@ class YOLOv5Module(pl.LightningModule):
         fuse_eval: validate a Conv+BN-fused copy of the weights being evaluated (the EMA ones with `EMACallback`),
             made once per validation epoch; False runs the training model in eval mode. Same detections up to
             float rounding.
+        tune_malloc: make glibc keep freed host memory for reuse (`yolo5l.hostmem.tune_malloc`, process-wide,
+            applied in `setup`): no page faults re-zeroing the activation buffers every step on the CPU.
     """
 
     def __init__(
@@ -227,6 +230,7 @@ class YOLOv5Module(pl.LightningModule):
         optimizer_impl: str = "auto",
         fuse_eval: bool = True,
         ciou_backend: str = "auto",
+        tune_malloc: bool = True,
     ) -> None:
         super().__init__()
         hyp, names = _plain(hyp), _plain(names)  # before save_hyperparameters, which reads these locals
@@ -255,6 +259,8 @@ class YOLOv5Module(pl.LightningModule):
         return list(self.hparams.names)
 
     def setup(self, stage: str) -> None:
+        if self.hparams.tune_malloc:
+            tune_malloc()
         if self.hparams.channels_last:
             self.model.to(memory_format=torch.channels_last)
         if self.hparams.compile and stage == "fit":
