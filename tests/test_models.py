@@ -203,6 +203,32 @@ def test_decode_inference_mode_channels_last_and_grad():
     assert all(h.grad is not None for h in heads)
 
 
+def test_channels_last_heads_are_dense_views_with_equal_loss_and_grads():
+    """channels_last heads skip the transposing copy; values, loss and gradients equal the contiguous heads'."""
+    from yolo5l.loss import YOLOv5Loss
+
+    torch.manual_seed(0)
+    model = YOLOv5.from_name("yolov5n", num_classes=3).train()
+    model_cl = YOLOv5.from_name("yolov5n", num_classes=3).train().to(memory_format=torch.channels_last)
+    model_cl.load_state_dict(model.state_dict())
+    x = torch.rand(2, 3, 64, 64)
+    heads, heads_cl = model(x), model_cl(x.contiguous(memory_format=torch.channels_last))
+    assert all(h.is_contiguous() for h in heads)
+    assert not any(h.is_contiguous() for h in heads_cl)  # views: no copy
+    assert all(h.stride(-1) == 1 for h in heads_cl)
+    for h, h_cl in zip(heads, heads_cl, strict=True):
+        torch.testing.assert_close(h_cl, h, atol=1e-4, rtol=1e-3)  # conv algorithms differ per memory format
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 2, 0.3, 0.6, 0.2, 0.2]])
+    loss_fn = YOLOv5Loss.from_model(model, {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}, 64)
+    loss, _ = loss_fn(heads, targets)
+    loss_cl, _ = loss_fn(heads_cl, targets)
+    torch.testing.assert_close(loss_cl, loss, atol=1e-4, rtol=1e-4)
+    loss.sum().backward()
+    loss_cl.sum().backward()
+    for (name, p), p_cl in zip(model.named_parameters(), model_cl.parameters(), strict=True):
+        torch.testing.assert_close(p_cl.grad, p.grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
 def test_fuse_matches_unfused_in_eval():
     model = YOLOv5.from_name("yolov5s", num_classes=5)
     randomize_bn(model)
