@@ -273,3 +273,16 @@ def test_resumed_fit_starts_with_its_epoch_in_workers(synthetic):
     assert resumed.train_sampler.epoch == 2
     assert got[2] == want[2]
     assert torch.equal(got[0], want[0])
+
+
+def test_val_workers_default_to_zero_on_cpu(synthetic):
+    """On the CPU the validation loader runs in the main process unless asked; the training loader keeps its workers."""
+    dm = make_dm(synthetic, num_workers=2, persistent_workers=False)
+    dm.setup("fit")
+    assert dm.train_dataloader().num_workers == 2
+    assert dm.val_dataloader().num_workers == 0  # no trainer and no CUDA here: the CPU rule
+    dm._uses_accelerator = lambda: True  # an accelerator run keeps num_workers for validation too
+    assert dm.val_dataloader().num_workers == 2
+    explicit = make_dm(synthetic, num_workers=2, persistent_workers=False, val_num_workers=1)
+    explicit.setup("validate")
+    assert explicit.val_dataloader().num_workers == 1
