@@ -71,6 +71,7 @@ class Options:
     cache: str = "ram"
     fuse_eval: bool = True  # fused Conv+BN copy for validation, val batch 4 x batch (off: unfused, 2 x batch)
     compile: bool = False  # torch.compile the model (compile time counts in the whole-run time)
+    malloc: bool = True  # glibc keeps freed host memory (yolo5l.hostmem); process-wide: use one process per config
 
 
 OFF = Options(
@@ -84,6 +85,7 @@ OFF = Options(
     val_interval=False,
     cache="none",
     fuse_eval=False,
+    malloc=False,
 )
 FAST = Options()
 TOGGLES: dict[str, dict[str, Any]] = {
@@ -98,6 +100,7 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "+cache": {"cache": "ram"},
     "+fuse_eval": {"fuse_eval": True},
     "+compile": {"compile": True},
+    "+malloc": {"malloc": True},
 }
 CONFIGS: dict[str, Options] = {
     "default": FAST,
@@ -286,6 +289,15 @@ class PeakMemory:
         self.gpu_peak = torch.cuda.max_memory_allocated() if self.device == "cuda" else 0
 
 
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (0 where getrusage is missing)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
     from lightning.pytorch.callbacks import Callback
 
@@ -295,6 +307,8 @@ def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
         def __init__(self, profile_at: int = 0, profile_steps: int = 0) -> None:
             self.profile_at, self.profile_steps, self.profiler = profile_at, profile_steps, None
             self.batches: list[tuple[int, int, float, float, float]] = []  # (epoch, idx, prev_end, start, end)
+            self.faults: list[int] = []  # the main process's minor page faults during each batch (same order)
+            self._faults0 = 0
             self.losses: list[torch.Tensor] = []
             self.val: list[tuple[int, float]] = []
             self.first_step: float | None = None
@@ -313,6 +327,7 @@ def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
                 self.profiler = profile(activities=acts, record_shapes=False)
                 self.profiler.__enter__()
+            self._faults0 = _minor_faults()
             self._start = time.perf_counter()
             if self.first_step is None:
                 self.first_step = self._start
@@ -322,6 +337,7 @@ def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
                 _sync(pl_module.device.type)  # bounds the host's run-ahead on CUDA; a no-op on the CPU
             end = time.perf_counter()
             self.batches.append((trainer.current_epoch, batch_idx, self._prev_end, self._start, end))
+            self.faults.append(_minor_faults() - self._faults0)
             self._prev_end = end
             if self.profiler is not None and batch_idx == self.profile_at + self.profile_steps - 1:
                 self.profiler.__exit__(None, None, None)
@@ -410,6 +426,7 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
             optimizer_impl=opts.optimizer_impl,
             fuse_eval=opts.fuse_eval,
             ciou_backend=opts.ciou,
+            tune_malloc=opts.malloc,
         )
         timer = _timer_callback(args.warmup, args.profile)
         callbacks = [
@@ -443,7 +460,11 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
     res.peak_mem_mb = (mem.gpu_peak if device == "cuda" else mem.peak) / 2**20
     res.first_step_s = (timer.first_step or math.nan) - t0
     # Steady state: batches after the warm-up, without the first batch of later epochs (it follows validation).
-    steady = [b for b in timer.batches if (b[0] == 0 and b[1] >= args.warmup) or (b[0] > 0 and b[1] > 0)]
+    is_steady = [(e == 0 and i >= args.warmup) or (e > 0 and i > 0) for e, i, *_ in timer.batches]
+    steady = [b for b, keep in zip(timer.batches, is_steady, strict=True) if keep]
+    faults = [f for f, keep in zip(timer.faults, is_steady, strict=True) if keep]
+    if faults:
+        res.extra["faults_per_step"] = sum(faults) / len(faults)
     if steady:
         span = sum(end - prev for _, _, prev, _, end in steady)
         wait = sum(start - prev for _, _, prev, start, _ in steady)
@@ -632,7 +653,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"[{name}] train {r.train_img_s:.1f} img/s (data wait {100 * r.data_wait:.1f}%), "
             f"val {r.val_img_s:.1f} img/s, first step {r.first_step_s:.1f} s, wall {r.wall_s:.1f} s, "
-            f"peak {r.peak_mem_mb:.0f} MB, load {os.getloadavg()[0]:.1f}",
+            f"peak {r.peak_mem_mb:.0f} MB, page faults/step {r.extra.get('faults_per_step', math.nan):.0f}, "
+            f"load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
     print()
