@@ -21,13 +21,15 @@ Create the reference environment once (about 2-3 minutes; PyPI only):
 
     python3.11 -m venv /work/refvenv
     /work/refvenv/bin/pip install torch==2.14.1 torchvision==0.29.1
-    /work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81'   # yolov5 imports pkg_resources
+    /work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'  # pkg_resources; np.trapz
 
 Offline operation (no edits to the installed package): ``ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS=1`` (its
 ``check_requirements`` comes from the ``ultralytics`` package and would pip-install), ``YOLO_AUTOINSTALL=false``,
 ``YOLO_OFFLINE=1``, ``YOLO_CONFIG_DIR`` / ``YOLOV5_CONFIG_DIR`` pointing into the work folder, where a copy of
 matplotlib's DejaVuSans.ttf is placed as ``Arial.ttf`` (``check_dataset`` always "downloads" that font),
-``WANDB_MODE=disabled`` / ``COMET_MODE=disabled``; training flags ``--weights '' --cfg yolov5s.yaml --noplots``.
+``WANDB_MODE=disabled`` / ``COMET_MODE=disabled``, ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (its checkpoints
+hold numpy objects that torch >= 2.6's default ``weights_only`` load refuses); training flags ``--weights ''
+--cfg yolov5s.yaml --noplots``.
 The dataset is seen through a folder of symbolic links with an absolute ``path:`` in its yaml (the reference
 resolves a relative ``path:`` against its package folder), so its label caches stay out of yolo5l's dataset.
 
@@ -55,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_REF_PYTHON = "/work/refvenv/bin/python"
 INSTALL_HINT = (
     "python3.11 -m venv /work/refvenv && /work/refvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 && "
-    "/work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81'"
+    "/work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'"
 )
 
 # Runs inside the reference's venv. Argument: a JSON file {"out", "start", "threads"} plus any of "argv" (train.py
@@ -166,6 +168,9 @@ def ref_env(work: Path) -> dict[str, str]:
         COMET_MODE="disabled",
         PYTHONWARNINGS="ignore",
         MPLBACKEND="Agg",
+        # v7.0 saves numpy objects in its checkpoints and loads them with torch.load's default, weights_only since
+        # torch 2.6: without this, strip_optimizer(last.pt) and the final validation of best.pt fail.
+        TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1",
     )
     return env
 
@@ -181,7 +186,7 @@ def check_reference(ref_python: str, work: Path) -> str:
         hint = "'setuptools<81' (yolov5 imports pkg_resources)" if "pkg_resources" in tail else "yolov5==7.0.14"
         sys.exit(
             f"bench_reference: {ref_python} cannot import yolov5.train:\n{tail}\n"
-            f"Install {hint}: {Path(ref_python).parent / 'pip'} install yolov5==7.0.14 'setuptools<81'\n"
+            f"Install {hint}: {Path(ref_python).parent / 'pip'} install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'\n"
             f"(whole environment: {INSTALL_HINT})"
         )
     return proc.stdout.strip()
