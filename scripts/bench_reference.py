@@ -189,7 +189,8 @@ def check_reference(ref_python: str, work: Path) -> str:
             f"Install {hint}: {Path(ref_python).parent / 'pip'} install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'\n"
             f"(whole environment: {INSTALL_HINT})"
         )
-    return proc.stdout.strip()
+    lines = proc.stdout.strip().splitlines()  # the first import may print Ultralytics' settings banner first
+    return lines[-1] if lines else "?"
 
 
 def prepare(data_root: Path, work: Path, ref_python: str) -> Path:

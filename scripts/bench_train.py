@@ -524,6 +524,48 @@ def e2e_timings(args: argparse.Namespace) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------ report
+def reference_timings(args: argparse.Namespace) -> dict[str, Any]:
+    """ultralytics/yolov5 v7.0 on the same data, batch, size and workers (`scripts/bench_reference.py`); {} if it
+    could not run (its message says what to install)."""
+    with tempfile.TemporaryDirectory(prefix="bench_ref_") as tmp:
+        out = Path(tmp) / "reference.json"
+        cmd = [sys.executable, str(REPO / "scripts" / "bench_reference.py"), "--data-root", str(args.data_root)]
+        cmd += ["--imgsz", str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers)]
+        cmd += ["--threads", str(args.threads), "--no-fwd-bwd", "--json", str(out)]
+        cmd += ["--ref-python", args.ref_python] if args.ref_python else []
+        print(f"\n[reference] {' '.join(cmd)}", flush=True)
+        proc = subprocess.run(cmd, cwd=REPO)
+        if proc.returncode or not out.is_file():
+            print(f"[reference] failed (exit code {proc.returncode}): no comparison", file=sys.stderr, flush=True)
+            return {}
+        return json.loads(out.read_text())
+
+
+def print_reference_table(ref: dict[str, Any], results: list[Result], e2e: dict[str, float]) -> None:
+    """yolo5l's configurations against the reference measured in the same command."""
+    run = ref["runs"][0]
+    in_training = [v for v in run.get("vals", []) if v.get("in_training")]
+    ref_val = in_training[0]["images"] / in_training[0]["from_first_batch_s"] if in_training else math.nan
+    print(
+        f"\nagainst ultralytics/yolov5 {ref.get('yolov5', '?')} measured in this command "
+        f"(train {run['train_img_s']:.1f} img/s, validation in training {ref_val:.1f} img/s, "
+        f"one-epoch run {run['wall_s']:.1f} s command to exit, validating twice)"
+    )
+    print("| config          | train img/s | x ref | val img/s | x ref |")
+    print("|-----------------|-------------|-------|-----------|-------|")
+    for r in results:
+        print(
+            f"| {r.name:<15} | {_fmt(r.train_img_s, '11.1f')} | {r.train_img_s / run['train_img_s']:5.2f} "
+            f"| {_fmt(r.val_img_s, '9.1f')} | {r.val_img_s / ref_val:5.2f} |"
+        )
+    one_epoch = e2e.get("one_epoch_run_s", math.nan)
+    print(
+        f"one-epoch run, command to exit: yolo5l default {one_epoch:.1f} s = {100 * one_epoch / run['wall_s']:.0f}% "
+        f"of the reference's {run['wall_s']:.1f} s",
+        flush=True,
+    )
+
+
 def _fmt(x: float, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -579,6 +621,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--profile", type=int, default=0, help="torch.profiler over this many steady steps of each config (top ops)"
     )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="first run ultralytics/yolov5 v7.0 itself (scripts/bench_reference.py, its own venv) on the same data "
+        "and print yolo5l against it; implies --e2e",
+    )
+    parser.add_argument("--ref-python", default=None, help="the reference venv's python (bench_reference's default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
         "--in-process", action="store_true", help="run every config in this process (default: one process each)"
@@ -643,6 +692,10 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
 
+    if args.reference:
+        args.e2e = True
+        report["reference"] = reference_timings(args)
+
     results = []
     for name in names:
         print(f"\n[{name}] {CONFIGS[name]}", flush=True)
@@ -667,6 +720,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{report['e2e'].get('one_epoch_run_s', math.nan):.1f} s",
             flush=True,
         )
+    if args.reference and report["reference"]:
+        print_reference_table(report["reference"], results, report.get("e2e", {}))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
 
