@@ -9,6 +9,7 @@ Reference: ultralytics/yolov5 v7.0 ``models/common.py`` (behaviour as described 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 # YOLOv5's initialize_weights: every BatchNorm2d gets these instead of PyTorch's (1e-5, 0.1).
@@ -53,12 +54,16 @@ class Conv(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
         self.bn: nn.BatchNorm2d | None = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()  # as YOLOv5's initialize_weights sets it
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv(x)
         if self.bn is not None:
             x = self.bn(x)
+        if isinstance(self.act, nn.SiLU):
+            # In place only where autograd does not record it: under autograd an in-place SiLU (YOLOv5's) makes it
+            # clone the input for the backward, a hidden copy of every activation in training.
+            return F.silu(x, inplace=not x.requires_grad)
         return self.act(x)
 
     @torch.no_grad()
