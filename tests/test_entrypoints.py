@@ -70,6 +70,22 @@ def test_val_prints_table_and_writes_metrics(smoke):
     assert str(out / "metrics.json") in r.stdout or "metrics.json" in r.stdout
 
 
+def test_val_channels_last_gives_the_same_metrics(smoke):
+    """`channels_last` (the default) is only a memory format: metrics equal the channels-first run's."""
+    metrics = {}
+    for flag in ("true", "false"):
+        out = smoke["tmp"] / f"val_cl_{flag}"
+        r = run(
+            "yolo5l.val", f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}",
+            "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0",
+            "trainer=cpu", "trainer.precision=32", "batch_size=8", f"channels_last={flag}", f"hydra.run.dir={out}",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        metrics[flag] = json.loads((out / "metrics.json").read_text())
+    for key in ("val/map_50", "val/map", "val/precision", "val/recall"):
+        assert metrics["true"][key] == pytest.approx(metrics["false"][key], abs=2e-3), key
+
+
 def test_predict_writes_drawn_images_json_and_txt(smoke):
     src = smoke["tmp"] / "images"
     src.mkdir()

@@ -30,8 +30,14 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     if cfg.data.get("file") is not None and not Path(str(cfg.data.file)).is_file():
         raise UserError(f"dataset file {str(cfg.data.file)!r} not found: pass data.file=<path to a data yaml>")
     hyp = OmegaConf.to_container(cfg.hyp, resolve=True)
+    channels_last = bool(cfg.get("channels_last", True))
     dm = instantiate(
-        cfg.data, hyp=hyp, batch_size=int(cfg.batch_size), val_batch_size=int(cfg.batch_size), _convert_="all"
+        cfg.data,
+        hyp=hyp,
+        batch_size=int(cfg.batch_size),
+        val_batch_size=int(cfg.batch_size),
+        channels_last=channels_last,
+        _convert_="all",
     )
     try:
         model, _ = load_weights(weights, num_classes=None)
@@ -50,6 +56,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         conf_thres=float(cfg.conf_thres),
         iou_thres=float(cfg.iou_thres),
         max_det=int(cfg.max_det),
+        channels_last=channels_last,
     )
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     precision = resolve_precision(cfg.trainer.get("precision", "auto"), accelerator)
