@@ -105,6 +105,7 @@ TOGGLES: dict[str, dict[str, Any]] = {
 CONFIGS: dict[str, Options] = {
     "default": FAST,
     "default-fp32": replace(FAST, amp=False),
+    "default-compile": replace(FAST, compile=True),
     "off": OFF,
     **{name: replace(OFF, **change) for name, change in TOGGLES.items()},
 }
@@ -530,7 +531,8 @@ def reference_timings(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench_ref_") as tmp:
         out = Path(tmp) / "reference.json"
         cmd = [sys.executable, str(REPO / "scripts" / "bench_reference.py"), "--data-root", str(args.data_root)]
-        cmd += ["--imgsz", str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers)]
+        ref_workers = 2 if args.workers == "auto" else args.workers
+        cmd += ["--imgsz", str(args.imgsz), "--batch", str(args.batch), "--workers", str(ref_workers)]
         cmd += ["--threads", str(args.threads), "--no-fwd-bwd", "--json", str(out)]
         cmd += ["--ref-python", args.ref_python] if args.ref_python else []
         print(f"\n[reference] {' '.join(cmd)}", flush=True)
@@ -610,7 +612,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="yolov5s")
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--workers",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="DataLoader workers (auto: yolo5l's default, 0 on the CPU; the reference gets 2 then, as in issue 5)",
+    )
     parser.add_argument("--data-root", default="datasets/synthetic")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")

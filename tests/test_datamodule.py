@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -286,3 +287,20 @@ def test_val_workers_default_to_zero_on_cpu(synthetic):
     explicit = make_dm(synthetic, num_workers=2, persistent_workers=False, val_num_workers=1)
     explicit.setup("validate")
     assert explicit.val_dataloader().num_workers == 1
+
+
+def test_auto_workers_zero_on_cpu_and_per_device_share_on_an_accelerator(synthetic, monkeypatch):
+    dm = make_dm(synthetic, num_workers="auto")
+    dm.setup("fit")
+    assert dm.train_workers() == 0  # CPU: the main thread loads
+    assert dm.train_dataloader().num_workers == 0
+    dm._uses_accelerator = lambda: True
+    monkeypatch.setattr(os, "cpu_count", lambda: 12)
+    assert dm.train_workers() == 8  # YOLOv5's cap
+    dm.trainer = SimpleNamespace(num_devices=4)  # 12 cores shared by 4 local devices
+    assert dm.train_workers() == 3
+    assert dm._val_workers() == 3
+    with pytest.raises(ValueError, match="num_workers"):
+        make_dm(synthetic, num_workers="many")
+    with pytest.raises(ValueError, match="num_workers"):
+        make_dm(synthetic, num_workers=-1)
