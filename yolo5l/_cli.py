@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,19 @@ def fail(message: str) -> NoReturn:
     """Print `error: <message>` to stderr and exit with code 2 (no traceback)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USAGE)
+
+
+def one_console_line_per_log() -> None:
+    """Drop the `lightning` package's own console handler once the root logger has handlers (Hydra's console and
+    job-log file): the record still reaches both through the root, instead of being printed twice. Call it after
+    `lightning` is imported (its import adds the handler)."""
+    import lightning  # noqa: F401 - the handler is added by this import
+    if not logging.getLogger().handlers:
+        return
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        if type(handler) is logging.StreamHandler:  # its console handler; file handlers are left alone
+            lightning_logger.removeHandler(handler)
 
 
 def guarded(fn: _F) -> _F:

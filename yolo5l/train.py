@@ -33,7 +33,15 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from yolo5l._cli import UserError, check_group_choices, guarded, is_rank_zero, print_outputs, relpath
+from yolo5l._cli import (
+    UserError,
+    check_group_choices,
+    guarded,
+    is_rank_zero,
+    one_console_line_per_log,
+    print_outputs,
+    relpath,
+)
 from yolo5l.config import config_choices
 
 log_prefix = "[yolo5l]"
@@ -412,6 +420,7 @@ def _checkpoint_files(trainer: Any) -> list[str]:
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="train")
 @guarded
 def _hydra_main(cfg: DictConfig) -> float | None:
+    one_console_line_per_log()
     metrics = train(cfg)
     # A sweeper optimising something gets mAP@0.5:0.95.
     return metrics.get("val/map")

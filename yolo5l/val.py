@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from yolo5l._cli import UserError, check_group_choices, guarded, print_outputs, relpath
+from yolo5l._cli import UserError, check_group_choices, guarded, one_console_line_per_log, print_outputs, relpath
 from yolo5l.train import _uses_cuda, resolve_precision
 
 
@@ -89,6 +89,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="val")
 @guarded
 def _hydra_main(cfg: DictConfig) -> float | None:
+    one_console_line_per_log()
     return validate_weights(cfg).get("val/map")
 
 
