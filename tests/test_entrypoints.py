@@ -38,6 +38,8 @@ def smoke(tmp_path_factory) -> dict[str, Path]:
         "logger=none",
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    # Lightning's records reach the console once (through Hydra's root handler), not also through its own handler.
+    assert (r.stdout + r.stderr).count("GPU available:") == 1
     weights = tmp / "train" / "checkpoints" / "weights.pt"
     assert weights.is_file()
     return {"tmp": tmp, "root": root, "weights": weights}
