@@ -304,3 +304,20 @@ def test_auto_workers_zero_on_cpu_and_per_device_share_on_an_accelerator(synthet
         make_dm(synthetic, num_workers="many")
     with pytest.raises(ValueError, match="num_workers"):
         make_dm(synthetic, num_workers=-1)
+
+
+def test_collate_stacks_hwc_items_into_a_channels_last_batch(synthetic):
+    dm = make_dm(synthetic)
+    dm.setup("fit")
+    items = [dm.train_dataset[i] for i in range(3)]
+    images, targets, _, _ = collate_fn(items)
+    assert images.shape == (3, 3, IMGSZ, IMGSZ)
+    assert images.is_contiguous(memory_format=torch.channels_last)  # no transposing copy on the way
+    assert torch.equal(images, torch.stack([im.contiguous() for im, *_ in items]))  # same pixels as a plain stack
+    assert torch.equal(targets[:, 0].unique(), torch.arange(3, dtype=targets.dtype))
+    for channels_last in (True, False):  # either memory format comes out of on_after_batch_transfer, same values
+        dm.channels_last = channels_last
+        out = dm.on_after_batch_transfer((images, targets, (), ()), 0)[0]
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        assert out.is_contiguous(memory_format=fmt)
+        torch.testing.assert_close(out, images.float() / 255)

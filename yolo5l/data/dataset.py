@@ -204,14 +204,17 @@ class YOLODataset(Dataset):
         out = torch.zeros((nl, 6), dtype=torch.float32)
         if nl:
             out[:, 1:] = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
-        chw = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))  # (3, H, W) uint8 RGB
+        # (3, H, W) uint8 RGB as a view of the dense (H, W, 3) array: no transposing copy here; collate_fn stacks
+        # the HWC memory into a channels_last batch, which is the memory format the model wants anyway.
+        chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
         return chw, out, self.im_files[index], shapes
 
 
 def collate_fn(
     batch: Sequence[tuple[torch.Tensor, torch.Tensor, str, Shapes | None]],
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], tuple[Shapes | None, ...]]:
-    """Stack a list of items into ``(images uint8 (B, 3, H, W), targets (N, 6), paths, shapes)``.
+    """Stack a list of items into ``(images uint8 (B, 3, H, W), targets (N, 6), paths, shapes)``; the images are
+    in channels_last memory when the items are views of (H, W, 3) arrays, as the dataset's are.
 
     Column 0 of each item's labels gets the image's position in the batch. Module-level so it pickles into
     worker processes.
@@ -219,4 +222,7 @@ def collate_fn(
     images, labels, paths, shapes = zip(*batch, strict=True)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
-    return torch.stack(images, 0), torch.cat(labels, 0), tuple(paths), tuple(shapes)
+    hwc = [im.permute(1, 2, 0) for im in images]
+    dense_hwc = all(h.is_contiguous() for h in hwc)  # the dataset's items: one memcpy each, channels_last batch
+    stacked = torch.stack(hwc, 0).permute(0, 3, 1, 2) if dense_hwc else torch.stack(images, 0)
+    return stacked, torch.cat(labels, 0), tuple(paths), tuple(shapes)

@@ -379,7 +379,7 @@ class YOLODataModule(LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device (optionally channels_last)."""
         images, targets, paths, shapes = batch
-        images = images.float().div_(255)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = images.float().div_(255)  # keeps the batch's memory format (channels_last from collate_fn)
+        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
+        images = images.contiguous(memory_format=memory_format)  # a no-op when it already is
         return images, targets, paths, shapes
