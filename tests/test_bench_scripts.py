@@ -1,0 +1,45 @@
+"""The benchmark scripts the README's speed figures come from run end to end (tiny settings) and fail clearly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_bench_reference_names_what_to_install_when_the_reference_is_missing(tmp_path):
+    r = _script("bench_reference.py", "--ref-python", str(tmp_path / "no-venv" / "python"))
+    assert r.returncode != 0
+    assert "not found" in r.stderr
+    assert "pip install" in r.stderr
+    assert "yolov5==7.0.14" in r.stderr
+
+
+def test_bench_train_measures_a_config_and_survives_a_missing_reference(tmp_path):
+    out = tmp_path / "bench.json"
+    r = _script(
+        "bench_train.py", "--configs", "default", "--steps", "2", "--warmup", "0", "--epochs", "1",
+        "--val-images", "8", "--model", "yolov5n", "--imgsz", "64", "--batch", "4", "--no-micro",
+        "--data-root", str(tmp_path / "synthetic"), "--json", str(out),
+        "--reference", "--ref-python", str(tmp_path / "no-venv" / "python"), "--e2e-args", "model=yolov5n",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[reference] failed" in r.stderr  # the comparison is skipped, the rest still runs
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert run["name"] == "default"
+    assert run["train_img_s"] > 0
+    assert run["val_img_s"] > 0
+    assert run["extra"]["faults_per_step"] >= 0
+    assert report["reference"] == {}
+    assert report["e2e"]["one_epoch_run_s"] > 0  # --reference implies the one-epoch command
+    assert "| default" in r.stdout
