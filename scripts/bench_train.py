@@ -484,7 +484,7 @@ def run_isolated(name: str, args: argparse.Namespace, argv: list[str] | None) ->
     """`run_config` in a fresh interpreter: no memory or thread state carried over between configurations."""
     with tempfile.TemporaryDirectory(prefix="bench_cfg_") as tmp:
         out = Path(tmp) / "result.json"
-        passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+        passthrough = list(argv if argv is not None else sys.argv[1:])  # the child's --configs comes last: it wins
         cmd = [sys.executable, str(Path(__file__).resolve()), *passthrough, "--configs", name, "--child-out", str(out)]
         proc = subprocess.run(cmd, cwd=REPO)
         if proc.returncode or not out.is_file():
