@@ -115,6 +115,23 @@ def test_bad_inputs_are_named():
         YOLOv5Module(YOLOv5(2, 0.33, 0.125), {k: v for k, v in HYP.items() if k != "lr0"}, 4, 64, ["a", "b"])
     with pytest.raises(ValueError, match="class names"):
         YOLOv5Module(YOLOv5(2, 0.33, 0.125), HYP, 4, 64, ["a"])
+    with pytest.raises(ValueError, match="map_backend"):
+        YOLOv5Module(YOLOv5(2, 0.33, 0.125), HYP, 4, 64, ["a", "b"], map_backend="voc")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_both_map_backends_validate_the_same_detections(tmp_path):
+    from yolo5l.metrics import DetectionMAP
+
+    results = {}
+    for backend in ("yolov5", "coco"):
+        module = tiny_module(map_backend=backend)
+        assert isinstance(module.map_metric, DetectionMAP) == (backend == "yolov5")
+        (results[backend],) = trainer(tmp_path).validate(module, TinyData(), verbose=False)
+    assert KEYS - {k for k in KEYS if k.startswith("train/")} <= set(results["yolov5"])
+    assert set(results["yolov5"]) == set(results["coco"])
+    for k in ("val/loss_box", "val/loss_obj", "val/loss_cls"):  # same weights, same batches
+        assert results["yolov5"][k] == pytest.approx(results["coco"][k])
 
 
 def test_precision_recall_at_best_f1_hand_case():

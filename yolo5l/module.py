@@ -25,7 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh2xyxy
 from yolo5l.hostmem import tune_malloc
 from yolo5l.loss import YOLOv5Loss
-from yolo5l.metrics import make_map_metric, summarize_map
+from yolo5l.metrics import MAP_BACKENDS, DetectionMAP, make_map_metric, summarize_map
 
 __all__ = [
     "OPTIMIZER_IMPLS",
@@ -210,6 +210,8 @@ class YOLOv5Module(pl.LightningModule):
             float rounding.
         tune_malloc: make glibc keep freed host memory for reuse (`yolo5l.hostmem.tune_malloc`, process-wide,
             applied in `setup`): no page faults re-zeroing the activation buffers every step on the CPU.
+        map_backend: "yolov5" (YOLOv5's own matching and AP, `DetectionMAP`; milliseconds to compute) or "coco"
+            (torchmetrics' COCO protocol via faster_coco_eval, `make_map_metric`). Same `val/*` keys.
     """
 
     def __init__(
@@ -231,6 +233,7 @@ class YOLOv5Module(pl.LightningModule):
         fuse_eval: bool = True,
         ciou_backend: str = "auto",
         tune_malloc: bool = True,
+        map_backend: str = "yolov5",
     ) -> None:
         super().__init__()
         hyp, names = _plain(hyp), _plain(names)  # before save_hyperparameters, which reads these locals
@@ -243,11 +246,13 @@ class YOLOv5Module(pl.LightningModule):
             raise ValueError(
                 f"yolo5l/module.py: optimizer_impl must be one of {OPTIMIZER_IMPLS}, got {optimizer_impl!r}"
             )
+        if map_backend not in MAP_BACKENDS:
+            raise ValueError(f"yolo5l/module.py: map_backend must be one of {MAP_BACKENDS}, got {map_backend!r}")
         self.save_hyperparameters(ignore=["model"])
         self.automatic_optimization = False
         self.model = model
         self.loss = YOLOv5Loss.from_model(model, hyp, imgsz, ciou_backend=ciou_backend)
-        self.map_metric = make_map_metric(max_det)
+        self.map_metric = DetectionMAP() if map_backend == "yolov5" else make_map_metric(max_det)
         self._last_opt_step = -1  # ni of the last optimizer step (YOLOv5's last_opt_step)
         self._step_now = True  # whether the current micro-batch ends with an optimizer step
         self._no_sync = ExitStack()
@@ -383,21 +388,15 @@ class YOLOv5Module(pl.LightningModule):
         return self._eval_model if self._eval_model is not None else self.model
 
     def _detect(self, heads: Sequence[Tensor]) -> list[Tensor]:
-        # One NMS call per image: NMS is quadratic in the boxes of one call, and early in training every image has
-        # up to max_nms = 30000 candidates at conf 0.001, so one call over the whole batch (B x 30000 boxes) took
-        # 7-17 s per 16 images on the CPU against 0.4 s image by image, with identical detections.
-        pred = self._net().decode(heads)
-        return [
-            non_max_suppression(
-                pred[i : i + 1],
-                conf_thres=self.hparams.conf_thres,
-                iou_thres=self.hparams.iou_thres,
-                multi_label=True,
-                max_det=self.hparams.max_det,
-                max_nms=30000,
-            )[0]
-            for i in range(pred.shape[0])
-        ]
+        # One call for the batch: candidate selection runs batched, the NMS itself image by image (see boxes.py).
+        return non_max_suppression(
+            self._net().decode(heads),
+            conf_thres=self.hparams.conf_thres,
+            iou_thres=self.hparams.iou_thres,
+            multi_label=True,
+            max_det=self.hparams.max_det,
+            max_nms=30000,
+        )
 
     @staticmethod
     def _to_original(dets: list[Tensor], img_hw: Sequence[int], shapes: Sequence[Any] | None) -> list[Tensor]:
@@ -424,15 +423,19 @@ class YOLOv5Module(pl.LightningModule):
         gt_boxes = xywh2xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
         gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
         gt = self._to_original([g.clone() for g in gt], (h, w), shapes)
-        self.map_metric.update(
-            [{"boxes": d[:, :4], "scores": d[:, 4], "labels": d[:, 5].long()} for d in dets],
-            [{"boxes": g[:, :4], "labels": g[:, 4].long()} for g in gt],
-        )
+        if isinstance(self.map_metric, DetectionMAP):
+            self.map_metric.update(dets, gt)
+        else:
+            self.map_metric.update(
+                [{"boxes": d[:, :4], "scores": d[:, 4], "labels": d[:, 5].long()} for d in dets],
+                [{"boxes": g[:, :4], "labels": g[:, 4].long()} for g in gt],
+            )
 
     def on_validation_epoch_end(self) -> None:
         # compute() gathers every rank's states, so all ranks get (and log) the same values.
         self._eval_model = None  # free the fused copy; the next validation fuses the weights of that time
-        metrics = summarize_map(self.map_metric.compute())
+        result = self.map_metric.compute()
+        metrics = result if isinstance(self.map_metric, DetectionMAP) else summarize_map(result)
         self.map_metric.reset()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=False)
 

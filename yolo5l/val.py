@@ -57,6 +57,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         iou_thres=float(cfg.iou_thres),
         max_det=int(cfg.max_det),
         channels_last=channels_last,
+        map_backend=str(cfg.get("map_backend", "yolov5")),
     )
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     precision = resolve_precision(cfg.trainer.get("precision", "auto"), accelerator)
