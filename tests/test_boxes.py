@@ -105,6 +105,22 @@ def test_nms_matches_torchvision_batched_nms_per_image():
         torch.testing.assert_close(g[:, 5], j[top][keep].float())
 
 
+def test_nms_looks_past_the_best_candidates_until_max_det_survive():
+    # 20 tight clusters of 10 boxes, scores falling cluster by cluster: the best 2 x max_det = 16 candidates hold
+    # two clusters (2 survivors), the next round of 64 seven; only all 200 give max_det = 8 survivors.
+    torch.manual_seed(0)
+    centres = torch.rand(20, 2) * 600
+    xy = centres.repeat_interleave(10, 0) + torch.randn(200, 2)
+    obj = (1 - 0.04 * torch.arange(20).repeat_interleave(10) - 0.001 * torch.rand(200))[:, None]
+    pred = torch.cat((xy, torch.full((200, 2), 30.0), obj, torch.ones(200, 1)), 1)[None]
+    (got,) = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.5, max_det=8)
+    boxes, scores = xywh2xyxy(pred[0, :, :4]), pred[0, :, 4]
+    keep = batched_nms(boxes, scores, torch.zeros(200, dtype=torch.int64), 0.5)[:8]
+    assert got.shape == (8, 6)
+    torch.testing.assert_close(got[:, :4], boxes[keep])
+    torch.testing.assert_close(got[:, 4], scores[keep])
+
+
 def test_nms_hand_case_and_limits():
     # two heavily overlapping boxes of class 0 and one of class 1 at the same place; one low-objectness box
     pred = torch.tensor([[
