@@ -22,7 +22,8 @@ Configurations (``--configs``, comma separated; ``all`` = every one below):
   ``+ciou_fused``, ``+optim_fused``, ``+log_throttle``, ``+ckpt_last``, ``+val_interval``, ``+cache``,
   ``+fuse_eval``, ``+compile``.
 
-Also measured: fp32 / bf16 GEMM GFLOP/s, fwd+bwd of one batch per precision and memory format, and micro-timings of
+Also measured: fp32 / bf16 GEMM GFLOP/s, fwd+bwd of one batch per precision and memory format (the fastest also
+with yolo5l's kept host memory, `module.tune_malloc`), and micro-timings of
 the EMA update, the optimizer step, gradient clipping and CIoU forward+backward. ``--e2e`` also times
 ``python -m yolo5l.train`` for one epoch from the command to exit (and the imports alone).
 
@@ -212,13 +213,24 @@ def micro_timings(device: str, num_classes: int, repeat: int) -> dict[str, float
 def fwd_bwd_timings(
     model_fn: Any, batch: int, imgsz: int, device: str, repeat: int, flops_img: float, ceil: dict[str, float]
 ) -> list[dict[str, Any]]:
-    """Forward + backward of one batch (random images, sum of heads as the loss) per precision and memory format."""
+    """Forward + backward of one batch (random images, sum of heads as the loss) per precision and memory format.
+
+    The variants run with glibc's default malloc first; on the CPU the fastest one then runs again after
+    `yolo5l.hostmem.tune_malloc()` (yolo5l's default, `module.tune_malloc`), which is process-wide and cannot be
+    undone, so it comes last.
+    """
+    from yolo5l.hostmem import tune_malloc
+
     rows = []
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
     amp_ok = device == "cuda" or cpu_has_bf16()
-    variants = [("fp32", False, False), ("fp32", True, False)] + ([("amp", True, True)] if amp_ok else [])
+    variants = [("fp32", False, False, False), ("fp32", True, False, False)]
+    variants += [("amp", True, True, False)] if amp_ok else []
+    variants += [(variants[-1][0], True, amp_ok, True)] if device == "cpu" else []
     x = torch.rand(batch, 3, imgsz, imgsz, device=device)
-    for name, cl, amp in variants:
+    for name, cl, amp, malloc in variants:
+        if malloc and not tune_malloc():
+            continue  # not glibc: nothing to tune
         model = model_fn().to(device).train()
         fmt = torch.channels_last if cl else torch.contiguous_format
         model.to(memory_format=fmt)
@@ -234,7 +246,7 @@ def fwd_bwd_timings(
         ceiling = ceil["amp"] if amp else ceil["fp32"]
         rows.append(
             {
-                "variant": f"{name}{' + channels_last' if cl else ''}",
+                "variant": f"{name}{' + channels_last' if cl else ''}{' + kept host memory' if malloc else ''}",
                 "s_per_batch": t,
                 "img_s": ips,
                 "ceiling_share": ips * 3 * flops_img / (ceiling * 1e9),
@@ -688,7 +700,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nforward + backward of one batch (no data, no optimizer):")
         for r in rows:
             print(
-                f"  {r['variant']:<24} {r['s_per_batch']:.3f} s  {r['img_s']:6.1f} img/s  "
+                f"  {r['variant']:<44} {r['s_per_batch']:.3f} s  {r['img_s']:6.1f} img/s  "
                 f"{100 * r['ceiling_share']:5.1f}% of its GEMM ceiling  "
                 f"x{rows[0]['s_per_batch'] / r['s_per_batch']:.2f}"
             )
