@@ -149,6 +149,12 @@ def test_flips_mirror_boxes():
     lab = norm.copy()
     aug.flip_lr(img, lab)
     np.testing.assert_allclose(lab[:, 1], 1 - norm[:, 1])
+    # the pixels are exactly numpy's mirror views, dense and writable (cv2 does the copy)
+    for flip, view in ((aug.flip_lr, img[:, ::-1]), (aug.flip_ud, img[::-1])):
+        out = flip(img, norm.copy())
+        np.testing.assert_array_equal(out, view)
+        assert out.flags.c_contiguous
+        assert out.flags.writeable
 
 
 @pytest.mark.parametrize(("shape", "target"), [((300, 200), (352, 352)), ((180, 320), (224, 352)), ((90, 60), 64)])
