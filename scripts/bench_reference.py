@@ -20,8 +20,10 @@ through a small wrapper that calls its public entry points (``yolov5.train.parse
 Create the reference environment once (about 2-3 minutes; PyPI only):
 
     python3.11 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.14.1 torchvision==0.29.1
+    /work/refvenv/bin/pip install torch==X torchvision==Y  # X, Y: the versions in yolo5l's venv (same kernels)
     /work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'  # pkg_resources; np.trapz
+
+(a missing environment makes the script print these lines with X and Y filled in).
 
 Offline operation (no edits to the installed package): ``ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS=1`` (its
 ``check_requirements`` comes from the ``ultralytics`` package and would pip-install), ``YOLO_AUTOINSTALL=false``,
@@ -55,8 +57,21 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_REF_PYTHON = "/work/refvenv/bin/python"
+
+
+def _version(package: str, default: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package).split("+")[0]
+    except PackageNotFoundError:
+        return default
+
+
+# The same torch as yolo5l's venv: the comparison is then between the two programs, not two torch builds.
 INSTALL_HINT = (
-    "python3.11 -m venv /work/refvenv && /work/refvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 && "
+    f"python3.11 -m venv /work/refvenv && /work/refvenv/bin/pip install torch=={_version('torch', '2.14.1')} "
+    f"torchvision=={_version('torchvision', '0.29.1')} && "
     "/work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'"
 )
 
@@ -270,7 +285,7 @@ def summarise_train(rec: dict[str, Any], warmup: int) -> dict[str, Any]:
         out["compute_s_per_batch"] = sum(end - start for _, start, end, _ in steady) / len(steady)
     if "first_step" in rec:  # wrapper clocks are perf_counter values from t0, which came this long after the command
         out["first_step_s"] = rec["first_step"] - rec["t0"] + rec["wrapper_start_after_command_s"]
-    for k in ("wall_s", "imports_s", "peak_rss_mb", "mloss_first", "mloss_last", "vals", "log"):
+    for k in ("wall_s", "imports_s", "peak_rss_mb", "mloss_first", "mloss_last", "vals", "log", "torch"):
         out[k] = rec.get(k)
     return out
 

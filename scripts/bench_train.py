@@ -565,6 +565,10 @@ def print_reference_table(ref: dict[str, Any], results: list[Result], e2e: dict[
         f"(train {run['train_img_s']:.1f} img/s, validation in training {ref_val:.1f} img/s, "
         f"one-epoch run {run['wall_s']:.1f} s command to exit, validating twice)"
     )
+    ref_torch, our_torch = str(run.get("torch") or "?"), torch.__version__
+    same = ref_torch.split("+")[0] == our_torch.split("+")[0]
+    note = "" if same else " (they differ: install yolo5l's torch in the reference's venv)"
+    print(f"torch: yolo5l {our_torch}, reference {ref_torch}{note}")
     print("| config          | train img/s | x ref | val img/s | x ref |")
     print("|-----------------|-------------|-------|-----------|-------|")
     for r in results:
