@@ -321,3 +321,18 @@ def test_collate_stacks_hwc_items_into_a_channels_last_batch(synthetic):
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         assert out.is_contiguous(memory_format=fmt)
         torch.testing.assert_close(out, images.float() / 255)
+
+
+def test_labels_are_scanned_once_per_split(synthetic, monkeypatch):
+    import yolo5l.data.module as dm_module
+
+    calls = []
+    real = dm_module.scan_labels
+    monkeypatch.setattr(dm_module, "scan_labels", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    dm = make_dm(synthetic)
+    dm.prepare_data()
+    dm.setup("fit")
+    dm.setup("validate")
+    assert sorted(calls) == ["train", "val"]
+    assert len(dm.train_dataset) > 0
+    assert len(dm.val_dataset) > 0

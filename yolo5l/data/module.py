@@ -223,6 +223,7 @@ class YOLODataModule(LightningDataModule):
         self.seed = int(seed)
         self.channels_last = channels_last
         self._spec: DatasetSpec | None = None
+        self._indices: dict[str, Any] = {}  # split -> label index: scanned once per process
         self.train_dataset: YOLODataset | None = None
         self.val_dataset: YOLODataset | None = None
         self.train_sampler: ShardSampler | None = None
@@ -249,8 +250,12 @@ class YOLODataModule(LightningDataModule):
         return self.spec.num_classes
 
     def _scan(self, split: str):
-        spec = self.spec
-        return scan_labels(spec.files(split), spec.num_classes, spec.cache_path(split), split)
+        # prepare_data (local rank 0) and setup both need the index: one scan or cache check per process, which on a
+        # large dataset means one pass of stat() calls over its files instead of two.
+        if split not in self._indices:
+            spec = self.spec
+            self._indices[split] = scan_labels(spec.files(split), spec.num_classes, spec.cache_path(split), split)
+        return self._indices[split]
 
     def _dist(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
