@@ -43,3 +43,21 @@ def test_bench_train_measures_a_config_and_survives_a_missing_reference(tmp_path
     assert report["reference"] == {}
     assert report["e2e"]["one_epoch_run_s"] > 0  # --reference implies the one-epoch command
     assert "| default" in r.stdout
+
+
+def test_bench_val_times_the_validation_stages_per_backend(tmp_path):
+    out = tmp_path / "val.json"
+    r = _script(
+        "bench_val.py", "--model", "yolov5n", "--imgsz", "64", "--images", "16", "--batch", "8", "--repeat", "1",
+        "--data-root", str(tmp_path / "synthetic"), "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert [x["backend"] for x in results] == ["yolov5", "coco"]
+    for x in results:
+        assert x["images"] == 16
+        assert x["img_s"] > 0
+        stages = x["passes"][-1]["stages_s"]
+        assert {"forward", "val loss", "decode + NMS", "mAP update", "mAP compute"} <= set(stages)
+        assert all(v > 0 for v in stages.values())
+    assert "| yolov5 |" in r.stdout
