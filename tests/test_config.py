@@ -211,6 +211,8 @@ def test_num_devices():
         (["data.batch_size=0"], "must be positive"),
         (["data.file=/nonexistent/data.yaml"], "'/nonexistent/data.yaml' not found"),
         (["weights=/nonexistent/w.pt"], "'/nonexistent/w.pt' not found"),
+        (["module.map_backend=voc"], "module.map_backend='voc' is not one of: yolov5, coco"),
+        (["module.optimizer_impl=adam"], "module.optimizer_impl='adam' is not one of: auto, fused, foreach, loop"),
     ],
 )
 def test_validate_rejects_with_one_sentence(tmp_path, overrides, needle):

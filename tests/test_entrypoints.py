@@ -88,6 +88,22 @@ def test_val_channels_last_gives_the_same_metrics(smoke):
         assert metrics["true"][key] == pytest.approx(metrics["false"][key], abs=2e-3), key
 
 
+def test_val_coco_backend_and_a_bad_backend(smoke):
+    common = [
+        f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",
+        "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0", "trainer=cpu", "batch_size=8",
+    ]  # fmt: skip
+    out = smoke["tmp"] / "val_coco"
+    r = run("yolo5l.val", *common, "map_backend=coco", f"hydra.run.dir={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0.0 <= metrics["val/map"] <= metrics["val/map_50"] <= 1.0
+    r = run("yolo5l.val", *common, "map_backend=voc", f"hydra.run.dir={smoke['tmp'] / 'val_bad'}")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "map_backend='voc' is not one of: yolov5, coco" in r.stderr
+
+
 def test_predict_writes_drawn_images_json_and_txt(smoke):
     src = smoke["tmp"] / "images"
     src.mkdir()

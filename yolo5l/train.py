@@ -120,6 +120,14 @@ def validate(cfg: DictConfig, multirun: bool = False) -> int:
     weights = cfg.get("weights")
     if weights and not Path(str(weights)).is_file():
         raise UserError(f"weights file {str(weights)!r} not found")
+    from yolo5l.metrics import MAP_BACKENDS
+    from yolo5l.module import OPTIMIZER_IMPLS
+
+    module_opts = cfg.get("module") or {}
+    for key, allowed in (("map_backend", MAP_BACKENDS), ("optimizer_impl", OPTIMIZER_IMPLS)):
+        value = module_opts.get(key)
+        if value is not None and str(value) not in allowed:
+            raise UserError(f"module.{key}={value!r} is not one of: {', '.join(allowed)}")
     return world
 
 

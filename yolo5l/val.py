@@ -29,6 +29,11 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         raise UserError(f"weights file {weights!r} not found: pass weights=<path to weights.pt or yolov5*.pt>")
     if cfg.data.get("file") is not None and not Path(str(cfg.data.file)).is_file():
         raise UserError(f"dataset file {str(cfg.data.file)!r} not found: pass data.file=<path to a data yaml>")
+    from yolo5l.metrics import MAP_BACKENDS
+
+    map_backend = str(cfg.get("map_backend", "yolov5"))
+    if map_backend not in MAP_BACKENDS:
+        raise UserError(f"map_backend={map_backend!r} is not one of: {', '.join(MAP_BACKENDS)}")
     hyp = OmegaConf.to_container(cfg.hyp, resolve=True)
     channels_last = bool(cfg.get("channels_last", True))
     dm = instantiate(
@@ -57,7 +62,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         iou_thres=float(cfg.iou_thres),
         max_det=int(cfg.max_det),
         channels_last=channels_last,
-        map_backend=str(cfg.get("map_backend", "yolov5")),
+        map_backend=map_backend,
     )
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     precision = resolve_precision(cfg.trainer.get("precision", "auto"), accelerator)
