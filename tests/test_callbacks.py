@@ -212,3 +212,35 @@ def test_throughput_monitor_warns_on_slow_data(tmp_path):
         _boring_trainer(tmp_path, [mon], 1).fit(Model())
     assert mon.last["data_wait"] > 0.5
     assert mon.last["images_per_sec"] > 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(tmp_path):
+    import cv2
+    import numpy as np
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from yolo5l.callbacks import BatchPlotter
+    from yolo5l.callbacks.tensorboard import BOX_COLOR, draw_batch
+
+    logger = TensorBoardLogger(tmp_path, name="", version="")
+    tr = trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)
+    tr.fit(tiny_module(), TinyData())
+    logger.experiment.flush()
+    acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    acc.Reload()
+    assert sorted(acc.Tags()["images"]) == ["train/batch0", "train/batch1"]
+    (event,) = acc.Images("train/batch0")
+    assert event.encoded_image_string[:2] == b"\xff\xd8"  # JPEG
+    img = cv2.imdecode(np.frombuffer(event.encoded_image_string, np.uint8), cv2.IMREAD_COLOR_RGB)
+    assert img.shape == (event.height, event.width, 3) == (64, 4 * 64, 3)  # 4 images of 64 px in a row
+    # TinyData's images are grey: saturated yellow can only be the drawn box outlines (and class names)
+    r, g, b = (img[..., k].astype(int) for k in range(3))
+    assert ((r > 180) & (g > 180) & (b < 120)).sum() > 100
+    # the drawing itself: boxes change only yellow pixels of the bare mosaic
+    images, targets, *_ = next(iter(TinyData().train_dataloader()))
+    drawn, bare = draw_batch(images, targets), draw_batch(images, targets[:0])
+    changed = np.any(drawn != bare, axis=-1)
+    assert changed.sum() > 50
+    assert (drawn[changed] == BOX_COLOR).all(-1).mean() > 0.5  # outlines exact; anti-aliased text blends

@@ -3,36 +3,71 @@ train_batch0..2.jpg)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import cv2
 import lightning.pytorch as pl
-import torch
+import numpy as np
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
-from torchvision.utils import draw_bounding_boxes, make_grid
 from typing_extensions import override
 
-from yolo5l.boxes import xywh2xyxy
+__all__ = ["BatchPlotter", "draw_batch", "write_jpeg"]
 
-__all__ = ["BatchPlotter", "draw_batch"]
+BOX_COLOR = (255, 255, 0)  # yellow (RGB)
 
 
-def draw_batch(images: Tensor, targets: Tensor, names: list[str] | None = None, max_images: int = 16) -> Tensor:
-    """Draw (N, 6) normalised targets on a (B, 3, H, W) batch (float in [0, 1] or uint8); returns a uint8 grid."""
-    images = images[:max_images].detach().float().cpu()
-    if images.max() <= 1.0:
-        images = images * 255
-    images = images.clamp(0, 255).to(torch.uint8)
-    h, w = images.shape[2:]
-    targets = targets.detach().float().cpu()
-    drawn = []
-    for i, img in enumerate(images):
-        t = targets[targets[:, 0] == i]
-        boxes = xywh2xyxy(t[:, 2:6] * torch.tensor([w, h, w, h]))
-        labels = [names[int(c)] if names and int(c) < len(names) else str(int(c)) for c in t[:, 1]]
-        drawn.append(draw_bounding_boxes(img, boxes, labels=labels, colors="yellow") if len(t) else img)
-    return make_grid(torch.stack(drawn), nrow=min(4, len(drawn)))
+def draw_batch(
+    images: Tensor, targets: Tensor, names: list[str] | None = None, max_images: int = 16, max_size: int = 1920
+) -> np.ndarray:
+    """Draw (N, 6) normalised targets [image, class, cx, cy, w, h] on a (B, 3, H, W) batch (uint8, or float in
+    [0, 1]); returns an (H', W', 3) uint8 RGB mosaic of up to `max_images` tiles, 4 a row, at most `max_size` px
+    (YOLOv5's `plot_images` layout). OpenCV draws: ~10 ms for 16 images at 320 px."""
+    imgs = images[:max_images].detach()
+    if imgs.is_floating_point():
+        imgs = imgs * 255 if float(imgs.max()) <= 1.0 else imgs  # host sync: three batches per run
+    imgs = imgs.clamp(0, 255).to("cpu").byte().permute(0, 2, 3, 1).numpy()  # (B, H, W, 3) RGB
+    b, h, w, _ = imgs.shape
+    cols = min(4, b)
+    rows = math.ceil(b / cols)
+    scale = min(1.0, max_size / max(rows * h, cols * w))
+    hs, ws = max(1, round(h * scale)), max(1, round(w * scale))
+    grid = np.full((rows * hs, cols * ws, 3), 255, np.uint8)
+    t = targets.detach().float().cpu().numpy()
+    for i in range(b):
+        r, c = divmod(i, cols)
+        tile = cv2.resize(imgs[i], (ws, hs), interpolation=cv2.INTER_AREA) if scale < 1 else imgs[i].copy()
+        for _, cls, cx, cy, bw, bh in t[t[:, 0] == i]:
+            x1, y1 = int((cx - bw / 2) * ws), int((cy - bh / 2) * hs)
+            x2, y2 = int((cx + bw / 2) * ws), int((cy + bh / 2) * hs)
+            cv2.rectangle(tile, (x1, y1), (x2, y2), BOX_COLOR, 2)  # YOLOv5 draws at least 2 px
+            label = names[int(cls)] if names and int(cls) < len(names) else str(int(cls))
+            cv2.putText(tile, label, (x1 + 1, max(y1 - 2, 8)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, BOX_COLOR, 1, cv2.LINE_AA)
+        grid[r * hs : (r + 1) * hs, c * ws : (c + 1) * ws] = tile
+        cv2.rectangle(grid, (c * ws, r * hs), ((c + 1) * ws - 1, (r + 1) * hs - 1), (255, 255, 255), 1)
+    return grid
+
+
+def write_jpeg(experiment: Any, tag: str, rgb: np.ndarray, step: int, quality: int = 90) -> None:
+    """Write an (H, W, 3) uint8 RGB image to a TensorBoard `SummaryWriter` as JPEG.
+
+    `SummaryWriter.add_image` encodes PNG: ~0.3 s for a 1280 px mosaic of photos against ~10 ms for JPEG, paid three
+    times at the start of every run. TensorBoard shows any encoded image; this writes the summary `add_image`
+    would, through the same file writer, with JPEG bytes (a writer without one gets `add_image`).
+    """
+    file_writer = getattr(experiment, "_get_file_writer", None)
+    if file_writer is None:
+        experiment.add_image(tag, rgb, step, dataformats="HWC")
+        return
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError(f"yolo5l/callbacks/tensorboard.py: JPEG encoding of {tag} failed")
+    image = Summary.Image(height=rgb.shape[0], width=rgb.shape[1], colorspace=3, encoded_image_string=buf.tobytes())
+    file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 class BatchPlotter(Callback):
@@ -60,6 +95,6 @@ class BatchPlotter(Callback):
             self.done = self.num_batches  # no TensorBoard logger: nothing to draw into
             return
         names = list(getattr(pl_module, "names", []) or [])
-        grid = draw_batch(batch[0], batch[1], names, self.max_images)  # a few host copies, three times per run
-        experiment.add_image(f"train/batch{self.done}", grid, global_step=trainer.global_step)
+        grid = draw_batch(batch[0], batch[1], names, self.max_images)
+        write_jpeg(experiment, f"train/batch{self.done}", grid, trainer.global_step)
         self.done += 1
