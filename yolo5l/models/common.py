@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from yolo5l_kernels.bn_silu import bn_silu
 
 # YOLOv5's initialize_weights: every BatchNorm2d gets these instead of PyTorch's (1e-5, 0.1).
 BN_EPS = 1e-3
@@ -46,7 +47,13 @@ class Conv(nn.Module):
         g: Groups.
         d: Dilation.
         act: Use SiLU (True) or identity (False).
+
+    Attributes:
+        fused_bn_act: In training, compute BN + SiLU with ``yolo5l_kernels.bn_silu`` (one CPU kernel each way for
+            channels_last bf16/fp32; PyTorch ops elsewhere). Set for the whole model by ``YOLOv5(fused_bn_act=...)``.
     """
+
+    fused_bn_act: bool = False
 
     def __init__(
         self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1, d: int = 1, act: bool = True
@@ -58,6 +65,8 @@ class Conv(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv(x)
+        if self.fused_bn_act and self.bn is not None and self.bn.training and isinstance(self.act, nn.SiLU):
+            return bn_silu(x, self.bn)
         if self.bn is not None:
             x = self.bn(x)
         if isinstance(self.act, nn.SiLU):

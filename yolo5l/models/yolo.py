@@ -235,6 +235,9 @@ class YOLOv5(nn.Module):
         anchors: Pixel anchors, 3 levels (P3, P4, P5) of (w, h) pairs: 3 lists of 6 numbers or (3, 3, 2).
         fused_upsample: Use ``yolo5l_kernels.upsample.UpsampleNearest2x`` (falls back to ``nn.Upsample`` with a
             warning when that module is missing). Both compute the same nearest 2x upsample.
+        fused_bn_act: Every Conv block computes BatchNorm + SiLU in training with ``yolo5l_kernels.bn_silu``: one
+            CPU kernel each way for channels_last bf16/fp32 activations (compiled on first use; PyTorch ops
+            elsewhere, and where no C compiler is found). Same results up to float rounding; eval is unaffected.
 
     Example:
         >>> model = YOLOv5.from_name("yolov5s", num_classes=80)
@@ -249,6 +252,7 @@ class YOLOv5(nn.Module):
         width: float = 0.50,
         anchors: Any = ANCHORS_P3_P5,
         fused_upsample: bool = False,
+        fused_bn_act: bool = False,
     ) -> None:
         super().__init__()
         if int(num_classes) != num_classes or num_classes < 1:
@@ -259,6 +263,7 @@ class YOLOv5(nn.Module):
         self.depth = float(depth)
         self.width = float(width)
         self.fused_upsample = bool(fused_upsample)
+        self.fused_bn_act = bool(fused_bn_act)
         anchor_px = anchors_to_tensor(anchors)  # (3, na, 2) pixels
 
         layers: list[nn.Module] = []
@@ -287,6 +292,9 @@ class YOLOv5(nn.Module):
             ch.append(c2)
             assert len(layers) == i + 1
         self.model = nn.ModuleList(layers)
+        for mod in self.modules():
+            if isinstance(mod, Conv):
+                mod.fused_bn_act = self.fused_bn_act
         self._from = froms
         self._save = frozenset(j for f in froms if f != -1 for j in f if j != -1)
         assert tuple(sorted(self._save)) == SAVE
@@ -304,7 +312,7 @@ class YOLOv5(nn.Module):
         Args:
             name: One of ``yolov5n``, ``yolov5s``, ``yolov5m``, ``yolov5l``, ``yolov5x``.
             num_classes: Number of classes.
-            **kwargs: Passed to the constructor (``anchors``, ``fused_upsample``).
+            **kwargs: Passed to the constructor (``anchors``, ``fused_upsample``, ``fused_bn_act``).
 
         Returns:
             The model.
