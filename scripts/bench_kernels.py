@@ -6,9 +6,11 @@ Prints forward+backward medians and speed-ups (unfused time / fused time) for:
   torchvision's ``complete_box_iou_loss`` vs the fused backends (``cpu``, ``compiled`` on the CPU; ``triton`` on
   CUDA);
 - nearest-2x upsample of a (16, 32, 80, 80) tensor (YOLOv5s's first P4->P3 upsample at batch 16, 640 px):
-  ``F.interpolate`` vs ``upsample_nearest2x``, contiguous and channels_last.
+  ``F.interpolate`` vs ``upsample_nearest2x``, contiguous and channels_last;
+- BatchNorm (training) + SiLU over the 57 Conv blocks of yolov5s at 320 px, batch 16, channels_last, bf16 and
+  fp32: ``F.silu(bn(x))`` (under autocast for bf16) vs ``yolo5l_kernels.bn_silu`` (CPU only), alternating.
 
-Usage: ``python scripts/bench_kernels.py [--threads 1] [--repeats 20] [--no-compile]``.
+Usage: ``python scripts/bench_kernels.py [--threads 1] [--repeats 20] [--no-compile] [--only bn_silu]``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from torchvision.ops import complete_box_iou_loss
 from yolo5l_kernels.ciou import ciou_xywh
 from yolo5l_kernels.reference import xywh_to_xyxy
 from yolo5l_kernels.upsample import upsample_nearest2x
+
+from yolo5l.models.common import Conv
 
 
 def _sync(device: str) -> None:
@@ -98,24 +102,84 @@ def bench_upsample(device: str, repeats: int) -> None:
         print(f"{layout:>14} {t_ref:>14.0f} {t_f:>10.0f} {t_ref / t_f:>9.2f}")
 
 
+def _yolov5s_bn_inputs(imgsz: int = 320, batch: int = 16) -> list[tuple[int, ...]]:
+    """Shapes of the BatchNorm inputs of yolov5s at this size (one forward with hooks)."""
+    from yolo5l.models.yolo import YOLOv5
+
+    model = YOLOv5.from_name("yolov5s", num_classes=80).to(memory_format=torch.channels_last).train()
+    shapes: list[tuple[int, ...]] = []
+    hooks = [
+        m.bn.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+        for m in model.modules()
+        if isinstance(m, Conv) and m.bn is not None
+    ]
+    with torch.no_grad():
+        model(torch.zeros(batch, 3, imgsz, imgsz).contiguous(memory_format=torch.channels_last))
+    for h in hooks:
+        h.remove()
+    return shapes
+
+
+def bench_bn_silu(repeats: int, imgsz: int = 320, batch: int = 16) -> None:
+    from yolo5l_kernels.bn_silu import bn_silu, fused_available
+
+    if not fused_available():
+        print("\nBatchNorm + SiLU: fused kernel unavailable (no C compiler), skipped")
+        return
+    shapes = _yolov5s_bn_inputs(imgsz, batch)
+    n = sum(torch.Size(s).numel() for s in shapes)
+    print(f"\nBatchNorm (train) + SiLU forward+backward over yolov5s's {len(shapes)} Conv blocks at {imgsz} px,")
+    nt = torch.get_num_threads()
+    print(f"batch {batch} ({n / 1e6:.1f} M activations), channels_last, {nt} thread(s) (median ms)")
+    print(f"{'dtype':>10} {'unfused':>9} {'fused':>9} {'speed-up':>9}")
+    for dtype in (torch.bfloat16, torch.float32):
+        xs = [torch.randn(s).to(dtype).contiguous(memory_format=torch.channels_last).requires_grad_() for s in shapes]
+        gs = [torch.randn(s).to(dtype).contiguous(memory_format=torch.channels_last) for s in shapes]
+        bns = [torch.nn.BatchNorm2d(s[1], eps=1e-3, momentum=0.03) for s in shapes]
+
+        def unfused(xs=xs, gs=gs, bns=bns, dtype=dtype) -> None:
+            for x, g, bn in zip(xs, gs, bns, strict=True):
+                with torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16):
+                    z = F.silu(bn(x))
+                z.backward(g)
+
+        def fused(xs=xs, gs=gs, bns=bns) -> None:
+            for x, g, bn in zip(xs, gs, bns, strict=True):
+                bn_silu(x, bn).backward(g)
+
+        t_u, t_f = [], []
+        for _ in range(3):  # alternate, so that a busy neighbour slows both
+            t_u.append(_median_us(unfused, "cpu", max(repeats // 4, 2), warmup=1))
+            t_f.append(_median_us(fused, "cpu", max(repeats // 4, 2), warmup=1))
+        u, f = statistics.median(t_u) / 1e3, statistics.median(t_f) / 1e3
+        print(f"{str(dtype).removeprefix('torch.'):>10} {u:>9.1f} {f:>9.1f} {u / f:>9.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: a shared machine)")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile CIoU backend")
+    p.add_argument("--only", choices=("all", "ciou", "upsample", "bn_silu"), default="all")
+    p.add_argument("--imgsz", type=int, default=320, help="BatchNorm + SiLU: yolov5s's shapes at this image size")
+    p.add_argument("--batch", type=int, default=16, help="BatchNorm + SiLU: ... and this batch")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {args.threads} CPU thread(s), {args.repeats} repeats")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for device in devices:
-        if not args.no_compile and device == "cpu":
-            t0 = time.perf_counter()
-            b1, b2 = _boxes(1000, "cpu")
-            ciou_xywh(b1, b2, backend="compiled").sum().backward()
-            print(f"torch.compile of the CIoU forward+backward (first call): {time.perf_counter() - t0:.1f} s")
-        bench_ciou(device, args.repeats, not args.no_compile)
-        bench_upsample(device, args.repeats)
+        if args.only in ("all", "ciou"):
+            if not args.no_compile and device == "cpu":
+                t0 = time.perf_counter()
+                b1, b2 = _boxes(1000, "cpu")
+                ciou_xywh(b1, b2, backend="compiled").sum().backward()
+                print(f"torch.compile of the CIoU forward+backward (first call): {time.perf_counter() - t0:.1f} s")
+            bench_ciou(device, args.repeats, not args.no_compile)
+        if args.only in ("all", "upsample"):
+            bench_upsample(device, args.repeats)
+        if args.only in ("all", "bn_silu") and device == "cpu":
+            bench_bn_silu(args.repeats, args.imgsz, args.batch)
 
 
 if __name__ == "__main__":

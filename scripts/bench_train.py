@@ -20,7 +20,8 @@ Configurations (``--configs``, comma separated; ``all`` = every one below):
   checkpoint and validation every epoch, no image cache.
 - ``+<option>``: ``off`` with one option switched to its fast value: ``+amp``, ``+channels_last``, ``+ema_foreach``,
   ``+ciou_fused``, ``+optim_fused``, ``+log_throttle``, ``+ckpt_last``, ``+val_interval``, ``+cache``,
-  ``+fuse_eval``, ``+compile``.
+  ``+fuse_eval``, ``+compile``, ``+malloc``, ``+bn_act`` (BatchNorm + SiLU fused, ``model.fused_bn_act``).
+- ``default-compile``, ``default-unfused-bn``: the default with torch.compile on, or with BN + SiLU unfused.
 
 Also measured: fp32 / bf16 GEMM GFLOP/s, fwd+bwd of one batch per precision and memory format (the fastest also
 with yolo5l's kept host memory, `module.tune_malloc`), and micro-timings of
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import gc
 import json
 import math
@@ -72,6 +74,7 @@ class Options:
     cache: str = "ram"
     fuse_eval: bool = True  # fused Conv+BN copy for validation (off: the training model in eval mode)
     compile: bool = False  # torch.compile the model (compile time counts in the whole-run time)
+    fused_bn_act: bool = True  # BatchNorm + SiLU in one CPU kernel each way in training (yolo5l_kernels.bn_silu)
     malloc: bool = True  # glibc keeps freed host memory (yolo5l.hostmem); process-wide: use one process per config
 
 
@@ -87,6 +90,7 @@ OFF = Options(
     cache="none",
     fuse_eval=False,
     malloc=False,
+    fused_bn_act=False,
 )
 FAST = Options()
 TOGGLES: dict[str, dict[str, Any]] = {
@@ -102,11 +106,13 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "+fuse_eval": {"fuse_eval": True},
     "+compile": {"compile": True},
     "+malloc": {"malloc": True},
+    "+bn_act": {"fused_bn_act": True},
 }
 CONFIGS: dict[str, Options] = {
     "default": FAST,
     "default-fp32": replace(FAST, amp=False),
     "default-compile": replace(FAST, compile=True),
+    "default-unfused-bn": replace(FAST, fused_bn_act=False),
     "off": OFF,
     **{name: replace(OFF, **change) for name, change in TOGGLES.items()},
 }
@@ -224,14 +230,16 @@ def fwd_bwd_timings(
     rows = []
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
     amp_ok = device == "cuda" or cpu_has_bf16()
-    variants = [("fp32", False, False, False), ("fp32", True, False, False)]
-    variants += [("amp", True, True, False)] if amp_ok else []
-    variants += [(variants[-1][0], True, amp_ok, True)] if device == "cpu" else []
+    # (name, channels_last, amp, kept host memory, fused BN+SiLU)
+    variants = [("fp32", False, False, False, False), ("fp32", True, False, False, False)]
+    variants += [("amp", True, True, False, False)] if amp_ok else []
+    if device == "cpu":
+        variants += [(variants[-1][0], True, amp_ok, False, True), (variants[-1][0], True, amp_ok, True, True)]
     x = torch.rand(batch, 3, imgsz, imgsz, device=device)
-    for name, cl, amp, malloc in variants:
+    for name, cl, amp, malloc, bn_act in variants:
         if malloc and not tune_malloc():
             continue  # not glibc: nothing to tune
-        model = model_fn().to(device).train()
+        model = model_fn(fused_bn_act=bn_act).to(device).train()
         fmt = torch.channels_last if cl else torch.contiguous_format
         model.to(memory_format=fmt)
         xx = x.contiguous(memory_format=fmt)
@@ -246,7 +254,8 @@ def fwd_bwd_timings(
         ceiling = ceil["amp"] if amp else ceil["fp32"]
         rows.append(
             {
-                "variant": f"{name}{' + channels_last' if cl else ''}{' + kept host memory' if malloc else ''}",
+                "variant": f"{name}{' + channels_last' if cl else ''}{' + fused BN+SiLU' if bn_act else ''}"
+                f"{' + kept host memory' if malloc else ''}",
                 "s_per_batch": t,
                 "img_s": ips,
                 "ceiling_share": ips * 3 * flops_img / (ceiling * 1e9),
@@ -427,7 +436,9 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
             val_batch_size=val_batch,
             channels_last=opts.channels_last,
         )
-        model = YOLOv5.from_name(args.model, num_classes=dm.num_classes, fused_upsample=True)
+        model = YOLOv5.from_name(
+            args.model, num_classes=dm.num_classes, fused_upsample=True, fused_bn_act=opts.fused_bn_act
+        )
         module = YOLOv5Module(
             model,
             hyp,
@@ -690,7 +701,7 @@ def main(argv: list[str] | None = None) -> None:
     amp_dtype = torch.float16 if args.device == "cuda" else torch.bfloat16
     ceil = {"fp32": gemm_gflops(torch.float32, args.device)}
     ceil["amp"] = gemm_gflops(amp_dtype, args.device) if (args.device == "cuda" or cpu_has_bf16()) else ceil["fp32"]
-    model_fn = lambda: YOLOv5.from_name(args.model, num_classes=3, fused_upsample=True)  # noqa: E731
+    model_fn = functools.partial(YOLOv5.from_name, args.model, num_classes=3, fused_upsample=True)
     flops_img = forward_flops(model_fn(), args.imgsz, args.device)
     report: dict[str, Any] = {"gemm_gflops": ceil, "forward_gflops_per_image": flops_img / 1e9}
     print(

@@ -61,3 +61,22 @@ def test_bench_val_times_the_validation_stages_per_backend(tmp_path):
         assert {"forward", "val loss", "decode + NMS", "mAP update", "mAP compute"} <= set(stages)
         assert all(v > 0 for v in stages.values())
     assert "| yolov5 |" in r.stdout
+
+
+def test_bench_kernels_times_fused_bn_silu_against_pytorch():
+    from yolo5l_kernels.bn_silu import fused_available
+
+    r = _script("bench_kernels.py", "--only", "bn_silu", "--imgsz", "64", "--batch", "2", "--repeats", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    if not fused_available():
+        assert "unavailable" in r.stdout
+        return
+    assert "57 Conv blocks at 64 px," in r.stdout
+    assert "batch 2 (" in r.stdout
+    lines = [ln.split() for ln in r.stdout.splitlines()]
+    rows = {ln[0]: ln[1:] for ln in lines if ln[:1] in (["bfloat16"], ["float32"])}
+    assert set(rows) == {"bfloat16", "float32"}
+    for unfused, fused, speedup in rows.values():
+        assert float(unfused) > 0
+        assert float(fused) > 0
+        assert abs(float(speedup) - float(unfused) / float(fused)) < 0.02 * float(speedup) + 0.01
