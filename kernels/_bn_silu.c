@@ -78,6 +78,35 @@ static inline float recip(float d) {
 
 static inline float sigmoid(float y) { return recip(1.0f + exp_approx(-y)); }
 
+/* One thread's 2C per-channel sums: float over BLOCK rows (vectorised), flushed into double after each block. */
+typedef struct {
+    float *a;
+    double *d;
+} acc_t;
+
+static acc_t acc_new(int64_t C) {
+    acc_t t = {calloc(2 * C, sizeof(float)), calloc(2 * C, sizeof(double))};
+    return t;
+}
+
+static inline int acc_ok(const acc_t *t) { return t->a && t->d; }
+
+static inline void acc_flush(acc_t *t, int64_t C) {
+    for (int64_t c = 0; c < 2 * C; c++) {
+        t->d[c] += t->a[c];
+        t->a[c] = 0.0f;
+    }
+}
+
+/* Inside the parallel region: add this thread's sums into sum (2C doubles) and free them. */
+static void acc_merge(acc_t *t, double *sum, int64_t C) {
+#pragma omp critical
+    if (acc_ok(t))
+        for (int64_t c = 0; c < 2 * C; c++) sum[c] += t->d[c];
+    free(t->a);
+    free(t->d);
+}
+
 /* For bfloat16 storage (8 significant bits, relative rounding up to 2^-9): exp with a degree-4 Taylor polynomial
  * (|r| <= ln2/2, error < 5e-5) and two Newton steps (< 7e-6), 50x below the rounding of the result. */
 static inline float exp_lo(float x) {
@@ -112,7 +141,7 @@ static inline float sigmoid_lo(float y) {
 #define LOAD bf16_load
 #define STORE bf16_store
 #define SIGMOID sigmoid_lo
-#include __FILE__
+#include "_bn_silu.c" /* this file again, with the next T */
 #undef T
 #undef SFX
 #undef LOAD
@@ -124,7 +153,7 @@ static inline float sigmoid_lo(float y) {
 #define LOAD f32_load
 #define STORE f32_store
 #define SIGMOID sigmoid
-#include __FILE__
+#include "_bn_silu.c" /* this file again, with the next T */
 #undef T
 #undef SFX
 #undef LOAD
@@ -146,15 +175,15 @@ int SFX(bn_stats)(const T *restrict x, int64_t M, int64_t C, float *restrict mea
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
-        float *a = calloc(2 * C, sizeof(float));
-        double *d = calloc(2 * C, sizeof(double));
-        if (!a || !d) {
+        acc_t t = acc_new(C);
+        float *a = t.a;
+        if (!acc_ok(&t)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t m0 = 0; m0 < M; m0 += BLOCK) {
-            if (!a || !d) continue;
+            if (!acc_ok(&t)) continue;
             int64_t m1 = m0 + BLOCK < M ? m0 + BLOCK : M;
             for (int64_t m = m0; m < m1; m++) {
                 const T *xr = x + m * C;
@@ -164,16 +193,9 @@ int SFX(bn_stats)(const T *restrict x, int64_t M, int64_t C, float *restrict mea
                     a[C + c] += v * v;
                 }
             }
-            for (int64_t c = 0; c < 2 * C; c++) {
-                d[c] += a[c];
-                a[c] = 0.0f;
-            }
+            acc_flush(&t, C);
         }
-#pragma omp critical
-        if (a && d)
-            for (int64_t c = 0; c < 2 * C; c++) sum[c] += d[c];
-        free(a);
-        free(d);
+        acc_merge(&t, sum, C);
     }
     if (!failed)
         for (int64_t c = 0; c < C; c++) {
@@ -222,15 +244,15 @@ int SFX(bn_silu_bwd)(const T *restrict g, const T *restrict x, T *restrict dx, i
     int failed = 0;
 #pragma omp parallel num_threads(nt)
     {
-        float *a = calloc(2 * C, sizeof(float));
-        double *d = calloc(2 * C, sizeof(double));
-        if (!a || !d) {
+        acc_t t = acc_new(C);
+        float *a = t.a;
+        if (!acc_ok(&t)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t m0 = 0; m0 < M; m0 += BLOCK) {
-            if (!a || !d) continue;
+            if (!acc_ok(&t)) continue;
             int64_t m1 = m0 + BLOCK < M ? m0 + BLOCK : M;
             for (int64_t m = m0; m < m1; m++) {
                 const T *xr = x + m * C, *gr = g + m * C;
@@ -245,16 +267,9 @@ int SFX(bn_silu_bwd)(const T *restrict g, const T *restrict x, T *restrict dx, i
                     a[C + c] += dy * xc;
                 }
             }
-            for (int64_t c = 0; c < 2 * C; c++) {
-                d[c] += a[c];
-                a[c] = 0.0f;
-            }
+            acc_flush(&t, C);
         }
-#pragma omp critical
-        if (a && d)
-            for (int64_t c = 0; c < 2 * C; c++) sum[c] += d[c];
-        free(a);
-        free(d);
+        acc_merge(&t, sum, C);
     }
     if (failed) {
         free(scale);
