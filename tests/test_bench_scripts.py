@@ -80,3 +80,19 @@ def test_bench_kernels_times_fused_bn_silu_against_pytorch():
         assert float(unfused) > 0
         assert float(fused) > 0
         assert abs(float(speedup) - float(unfused) / float(fused)) < 0.02 * float(speedup) + 0.01
+
+
+def test_the_gemm_ceiling_times_the_same_product_in_onednn_as_a_1x1_convolution(monkeypatch):
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_train", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    a, b = torch.randn(64, 48, dtype=torch.float64), torch.randn(48, 40, dtype=torch.float64)
+    x, w = bench.gemm_as_conv(a, b)
+    y = torch.nn.functional.conv2d(x, w)  # [1, 40, 32, 2]
+    torch.testing.assert_close(y[0].flatten(1).t(), a @ b)
+    assert bench.gemm_gflops(torch.float32, "cpu", n=256, repeat=2) > 0
