@@ -62,12 +62,12 @@ def _cpu_id() -> str:
         return platform.processor() + platform.machine()
 
 
-def _compile(cc: str, out: Path) -> None:
+def _compile(cc: str, out: Path, flags: tuple[str, ...] = CFLAGS) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed on {SOURCE}:\n{proc.stderr.strip()[-2000:]}")
         os.replace(tmp, out)  # atomic: concurrent ranks compile side by side, one file wins

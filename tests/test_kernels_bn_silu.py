@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -219,7 +220,7 @@ def test_yolov5_training_step_matches_unfused_fp32():
     _, out0, grad0, stats0 = _yolov5_step(fused=False, bf16=False)
     fused, out1, grad1, stats1 = _yolov5_step(fused=True, bf16=False)
     assert _err(out1, out0) < 1e-5
-    assert _err(grad1, grad0) < 1e-4
+    assert _err(grad1, grad0) < 3e-4  # PyTorch's own fp32 step: 1.7e-4 between 1 and 2 threads
     assert _err(stats1, stats0) < 1e-5
     assert all(b.item() == 1 for n, b in fused.named_buffers() if n.endswith("num_batches_tracked"))
     assert sum(1 for m in fused.modules() if getattr(m, "fused_bn_act", False)) > 50
@@ -233,3 +234,46 @@ def test_yolov5_training_step_bf16_no_worse_than_autocast():
     assert _err(out_f, out32) < 1.5 * _err(out_u, out32) + 1e-3
     assert _err(grad_f, grad32) < 1.5 * _err(grad_u, grad32) + 1e-3
     assert _err(stats_f, stats32) < 1.5 * _err(stats_u, stats32) + 1e-4
+
+
+def _avx512_native() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+
+
+@pytest.mark.skipif(not _avx512_native(), reason="no AVX-512 here: only the portable loops are compiled")
+@pytest.mark.parametrize("c", [32, 13, 200])
+def test_avx512_loops_match_the_portable_ones(tmp_path, c):
+    """The hand-vectorised AVX-512 loops (full vectors and a masked tail) against the same file built without them."""
+    import ctypes
+    import shutil
+
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        pytest.skip("no C compiler")
+    portable = tmp_path / "portable.so"
+    K._compile(cc, portable, (*K.CFLAGS, "-mno-avx512f"))
+    libs = [K.load_library(), ctypes.CDLL(str(portable))]
+    K._bind(libs[1])
+    g = torch.Generator().manual_seed(3)
+    m = 1000
+    for dtype, sfx, tol in ((torch.float32, "f32", 2e-6), (torch.bfloat16, "bf16", 2**-7)):
+        x = (torch.randn(m, c, generator=g) * 3 + 1.5).to(dtype)
+        gz = torch.randn(m, c, generator=g).to(dtype)
+        w, b = torch.rand(c, generator=g) + 0.5, torch.rand(c, generator=g) - 0.5
+        outs = []
+        for lib in libs:
+            mean, var = torch.empty(c), torch.empty(c)
+            assert getattr(lib, f"bn_stats_{sfx}")(x.data_ptr(), m, c, mean.data_ptr(), var.data_ptr(), 2) == 0
+            invstd = (var + 1e-3).rsqrt()
+            z, dx, gw, gb = torch.empty_like(x), torch.empty_like(x), torch.empty(c), torch.empty(c)
+            p = [t.data_ptr() for t in (mean, invstd, w, b)]
+            assert getattr(lib, f"bn_silu_fwd_{sfx}")(x.data_ptr(), z.data_ptr(), m, c, *p, 2) == 0
+            args = (gz.data_ptr(), x.data_ptr(), dx.data_ptr(), m, c, *p, gw.data_ptr(), gb.data_ptr(), 2)
+            assert getattr(lib, f"bn_silu_bwd_{sfx}")(*args) == 0
+            outs.append((mean, var, z, dx, gw, gb))
+        for a, ref in zip(*outs):
+            assert _rel(a, ref) < tol, (dtype, c)
