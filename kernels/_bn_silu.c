@@ -2,7 +2,8 @@
  *
  * The tensors are channels_last, so memory is a row-major [M = N*H*W, C] matrix and every inner loop runs over
  * contiguous channels, which the compiler vectorises (built with -O3 -march=native -fno-trapping-math; see
- * bn_silu.py), or, where the CPU has AVX-512, the intrinsics below. Statistics and gradient sums accumulate in float over blocks of BLOCK rows, then in double.
+ * bn_silu.py), or, where the CPU has AVX-512, the intrinsics below. Statistics and gradient sums accumulate in
+ * float over blocks of BLOCK rows, then in double.
  *
  * Forward:  mean, var over (N, H, W) per channel (shifted by the first row against cancellation);
  *           y = (x - mean) * invstd * w + b;  z = y * sigmoid(y)           (one pass; y is never stored)
@@ -211,9 +212,6 @@ static inline void v_store_bf16(uint16_t *p, __mmask16 m, __m512 v) {
     else
         _mm256_mask_storeu_epi16(p, m, h);
 }
-
-static inline __m512 v_load_f32(const float *p, __mmask16 m) { return v_ld(p, m); }
-static inline void v_store_f32(float *p, __mmask16 m, __m512 v) { v_st(p, m, v); }
 #endif
 
 #define T uint16_t
@@ -239,8 +237,8 @@ static inline void v_store_f32(float *p, __mmask16 m, __m512 v) { v_st(p, m, v);
 #define LOAD f32_load
 #define STORE f32_store
 #define SIGMOID sigmoid
-#define VLOAD v_load_f32
-#define VSTORE v_store_f32
+#define VLOAD v_ld
+#define VSTORE v_st
 #define DEGREE6 1
 #include "_bn_silu.c" /* this file again, with the next T */
 #undef T
@@ -313,8 +311,8 @@ static inline void SFX(fwd_row)(const T *restrict xr, T *restrict zr, int64_t C,
 }
 
 /* Over rows m0..m1: dx = dy = g * s * (1 + y * (1 - s)), rounded to T; a[c] += dy, a[C + c] += dy * (x - mean)
- * with the rounded dy. Row by row (channel vector by channel vector down the block, as stats_block, measured
- * 1.2-1.4x slower here: the loads stride across rows and the sums' chains are the only thing kept). */
+ * with the rounded dy. Row by row: walking down the block as stats_block does was 1.2-1.4x slower here, the
+ * sigmoid's work hiding the sums' loads and stores anyway. */
 static inline void SFX(bwd_block1)(const T *restrict g, const T *restrict x, T *restrict dx, int64_t m0, int64_t m1,
                                    int64_t C, const float *restrict mean, const float *restrict scale,
                                    const float *restrict b, float *restrict a) {
