@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import sys
@@ -18,6 +19,44 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 #: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
 GROUPS = ("model", "data", "hyp", "trainer", "callbacks", "logger", "experiment", "debug", "paths")
 NULLABLE = ("experiment", "debug")
+
+
+#: True while `pause_gc` holds the cyclic garbage collector off (the command line's start-up).
+_gc_paused = False
+
+
+def pause_gc() -> None:
+    """Command line only: hold the cyclic garbage collector off while Python imports torch, Lightning and Hydra and
+    builds the run; `resume_gc` turns it back on before the first step.
+
+    The imports create ~470,000 objects, and the collector walked all of them 7 times while they were being created
+    (0.46 s of a 17 s one-epoch run on a 2-core CPU). Imports make next to no cyclic garbage, so nothing is lost by
+    not collecting it. `python -m yolo5l.train` calls `gc.disable()` itself before its first import; this marks it.
+    """
+    global _gc_paused
+    gc.disable()
+    _gc_paused = True
+
+
+def resume_gc() -> None:
+    """Move everything start-up built (modules, config, model, trainer) to the collector's permanent generation and
+    turn it back on: a no-op unless `pause_gc` turned it off, so a notebook's collector is left as it is.
+
+    Frozen objects are never scanned again, so later full collections only walk what training creates. The cost is
+    that a reference cycle among them is not freed before exit; start-up leaves few and small ones.
+    """
+    global _gc_paused
+    if _gc_paused:
+        gc.freeze()
+        gc.enable()
+        _gc_paused = False
+
+
+def exit_without_heap_walk() -> None:
+    """Freeze the heap just before the interpreter exits, so its shutdown does not walk ~480,000 objects with the
+    collector (0.6 s on a 2-core CPU). Shutdown still runs `atexit` handlers, closes files and frees every object that
+    reference counting frees; it skips only the collection of cycles, whose memory the OS takes back anyway."""
+    gc.freeze()
 
 
 class UserError(Exception):

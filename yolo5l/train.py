@@ -19,6 +19,11 @@ lists them. A finished run cannot be resumed; start a new one with `weights=<its
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":  # the collector stays off through the imports: see yolo5l._cli.pause_gc
+    gc.disable()
+
 import os
 import sys
 import time
@@ -36,11 +41,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from yolo5l._cli import (
     UserError,
     check_group_choices,
+    exit_without_heap_walk,
     guarded,
     is_rank_zero,
     one_console_line_per_log,
+    pause_gc,
     print_outputs,
     relpath,
+    resume_gc,
 )
 from yolo5l.config import config_choices
 
@@ -380,6 +388,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = resolve_resume(cfg.get("resume"), output_dir, cfg.trainer.get("max_epochs"))
 
     datamodule, module, trainer = build(cfg, world)
+    resume_gc()  # set-up is built (the command line paused the collector for it); batch-size search makes cycles
     if int(cfg.data.batch_size) == -1:
         found = tune_batch_size(trainer, module, datamodule, cfg)
         with open_dict(cfg):
@@ -436,8 +445,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.train`, `yolo5l-train`)."""
+    pause_gc()
     check_group_choices(sys.argv[1:])
     _hydra_main()
+    exit_without_heap_walk()
 
 
 if __name__ == "__main__":
