@@ -379,15 +379,24 @@ def _timer_callback(profile_at: int = 0, profile_steps: int = 0) -> Any:
             self.faults.append(_minor_faults() - self._faults0)
             self._prev_end = end
             if self.profiler is not None and batch_idx == self.profile_at + self.profile_steps - 1:
-                self.profiler.__exit__(None, None, None)
-                sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-                print(self.profiler.key_averages().table(sort_by=sort, row_limit=30), flush=True)
-                self.profiler = None
-                self.profile_steps = 0
+                self._print_profile()
             if isinstance(outputs, torch.Tensor):
                 self.losses.append(outputs.detach())
             elif isinstance(outputs, dict) and "loss" in outputs:
                 self.losses.append(outputs["loss"].detach())
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            if self.profiler is not None:  # the epoch ended inside the window (--profile > steps - warm-up)
+                print(f"[profile] the epoch ended first: {len(self.batches)} steps profiled", flush=True)
+                self._print_profile()
+
+        def _print_profile(self) -> None:
+            """Stop the profiler and print its top ops (a profiler left running past fit crashes the process)."""
+            self.profiler.__exit__(None, None, None)
+            sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            print(self.profiler.key_averages().table(sort_by=sort, row_limit=30), flush=True)
+            self.profiler = None
+            self.profile_steps = 0
 
         def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
             _sync(pl_module.device.type)

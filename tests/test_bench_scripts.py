@@ -29,7 +29,7 @@ def test_bench_train_measures_a_config_and_survives_a_missing_reference(tmp_path
     r = _script(
         "bench_train.py", "--configs", "default", "--steps", "2", "--warmup", "0", "--epochs", "1",
         "--val-images", "8", "--model", "yolov5n", "--imgsz", "64", "--batch", "4", "--no-micro",
-        "--data-root", str(tmp_path / "synthetic"), "--json", str(out),
+        "--data-root", str(tmp_path / "synthetic"), "--json", str(out), "--profile", "4",
         "--reference", "--ref-python", str(tmp_path / "no-venv" / "python"), "--e2e-args", "model=yolov5n",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -43,6 +43,10 @@ def test_bench_train_measures_a_config_and_survives_a_missing_reference(tmp_path
     assert report["reference"] == {}
     assert report["e2e"]["one_epoch_run_s"] > 0  # --reference implies the one-epoch command
     assert "| default" in r.stdout
+    # --profile over more steps than the epoch has: the table comes at the epoch's end (a profiler left running
+    # past fit crashed the process)
+    assert "[profile] the epoch ended first: 2 steps profiled" in r.stdout
+    assert "Self CPU time total" in r.stdout
 
 
 def test_bench_val_times_the_validation_stages_per_backend(tmp_path):
