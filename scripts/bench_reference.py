@@ -140,6 +140,13 @@ def timed_val_run(*args, **kwargs):
     return out
 
 yv.run = timed_val_run  # train.py calls it as validate.run
+_check_amp = yt.check_amp
+
+def recorded_check_amp(model):  # False on the CPU; on CUDA fp16 AMP if YOLOv5's own check passes
+    rec["amp"] = bool(_check_amp(model))
+    return rec["amp"]
+
+yt.check_amp = recorded_check_amp
 if cfg.get("argv") is not None:  # training, parsed exactly as train.py parses its command line
     sys.argv = ["train.py", *cfg["argv"]]
     opt = yt.parse_opt()
@@ -153,11 +160,14 @@ if cfg.get("fwdbwd") is not None:
     from yolov5.models.yolo import Model
     from yolov5.utils.general import check_yaml
     b, s, nc, repeat = cfg["fwdbwd"]
-    model = Model(check_yaml("yolov5s.yaml"), ch=3, nc=nc).train()
-    x = torch.rand(b, 3, s, s)
+    dev = torch.device(cfg.get("device", "cpu"))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    model = Model(check_yaml("yolov5s.yaml"), ch=3, nc=nc).to(dev).train()
+    x = torch.rand(b, 3, s, s, device=dev)
     def step():
         heads = model(x)
         sum(h.sum() for h in heads).backward()
+        sync()
     step()
     best = float("inf")
     for _ in range(repeat):
@@ -285,12 +295,12 @@ def summarise_train(rec: dict[str, Any], warmup: int) -> dict[str, Any]:
         out["compute_s_per_batch"] = sum(end - start for _, start, end, _ in steady) / len(steady)
     if "first_step" in rec:  # wrapper clocks are perf_counter values from t0, which came this long after the command
         out["first_step_s"] = rec["first_step"] - rec["t0"] + rec["wrapper_start_after_command_s"]
-    for k in ("wall_s", "imports_s", "peak_rss_mb", "mloss_first", "mloss_last", "vals", "log", "torch"):
+    for k in ("wall_s", "imports_s", "peak_rss_mb", "mloss_first", "mloss_last", "vals", "log", "torch", "amp"):
         out[k] = rec.get(k)
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ref-python", default=DEFAULT_REF_PYTHON, help="python of the reference's venv")
     parser.add_argument("--data-root", type=Path, default=REPO / "datasets" / "synthetic")
@@ -301,11 +311,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-batch", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, cuda or cuda:N (YOLOv5 itself picks fp16 AMP on CUDA if its check passes)"
+    )
     parser.add_argument("--cache-ram", action="store_true", help="also run the training with --cache ram")
     parser.add_argument("--no-val", action="store_true", help="skip the stand-alone validation")
     parser.add_argument("--no-fwd-bwd", action="store_true", help="skip the forward + backward timing")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep runs and logs here (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     ref_python = str(args.ref_python)
     with contextlib.ExitStack() as stack:
@@ -317,6 +335,22 @@ def main(argv: list[str] | None = None) -> None:
         report = run_all(args, ref_python, work)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1, default=str))
+
+
+def yolov5_device(device: str) -> str:
+    """yolo5l's `cpu` / `cuda` / `cuda:1` as YOLOv5's `--device` spells it (`cpu`, `0`, `1`)."""
+    if device == "cpu":
+        return "cpu"
+    index = device.partition(":")[2]
+    return index or "0"
+
+
+def train_argv(args: argparse.Namespace, data_yaml: Path, work: Path) -> list[str]:
+    """`yolov5 train`'s arguments: yolov5s from scratch on the same data, size, batch, workers and device."""
+    argv = ["--data", str(data_yaml), "--cfg", "yolov5s.yaml", "--weights", "", "--img", str(args.imgsz)]
+    argv += ["--batch-size", str(args.batch), "--workers", str(args.workers), "--epochs", str(args.epochs)]
+    argv += ["--device", yolov5_device(args.device), "--project", str(work / "runs"), "--exist-ok", "--noplots"]
+    return argv
 
 
 def run_all(args: argparse.Namespace, ref_python: str, work: Path) -> dict[str, Any]:
@@ -335,9 +369,7 @@ def run_all(args: argparse.Namespace, ref_python: str, work: Path) -> dict[str, 
     report["imports_s"] = time.perf_counter() - t0 if proc.returncode == 0 else math.nan
     print(f"imports (import yolov5.train, command to exit): {report['imports_s']:.1f} s", flush=True)
 
-    base = ["--data", str(data_yaml), "--cfg", "yolov5s.yaml", "--weights", "", "--img", str(args.imgsz)]
-    base += ["--batch-size", str(args.batch), "--workers", str(args.workers), "--epochs", str(args.epochs)]
-    base += ["--device", "cpu", "--project", str(work / "runs"), "--exist-ok", "--noplots"]
+    base = train_argv(args, data_yaml, work)
     configs = [("reference", [])] + ([("reference+cache", ["--cache", "ram"])] if args.cache_ram else [])
     last_pt = None
     for name, extra in configs:
@@ -362,14 +394,14 @@ def run_all(args: argparse.Namespace, ref_python: str, work: Path) -> dict[str, 
             kind = f"after epoch {i} (EMA model)" if i < args.epochs else "at the end (best.pt, fused)"
             print(f"  val {kind}: {_val_line(v)}", flush=True)
 
-    extra_cfg: dict[str, Any] = {"threads": args.threads}
+    extra_cfg: dict[str, Any] = {"threads": args.threads, "device": args.device}
     if not args.no_val and last_pt is not None:
         extra_cfg["val"] = dict(
             data=str(data_yaml),
             weights=str(last_pt),
             batch_size=args.val_batch,
             imgsz=args.imgsz,
-            device="cpu",
+            device=yolov5_device(args.device),
             workers=args.workers,
             project=str(work / "runs"),
             name="val",
@@ -379,7 +411,7 @@ def run_all(args: argparse.Namespace, ref_python: str, work: Path) -> dict[str, 
         )
     if not args.no_fwd_bwd:
         extra_cfg["fwdbwd"] = [args.batch, args.imgsz, nc, 3]
-    if len(extra_cfg) > 1:
+    if len(extra_cfg) > 2:
         print(f"\n[val] stand-alone val.run of {last_pt} (batch {args.val_batch}); fwd+bwd of one batch", flush=True)
         rec = run_wrapper("val", extra_cfg, ref_python, work)
         if rec is not None:
@@ -424,8 +456,9 @@ def print_table(report: dict[str, Any]) -> None:
     for r in report["runs"]:
         v = r["vals"][min(len(r["vals"]), r["epochs"]) - 1] if r["vals"] else None
         val_ips = v["images"] / v["from_first_batch_s"] if v and v["from_first_batch_s"] else math.nan
+        precision = "16-mixed" if r.get("amp") else "32-true"
         print(
-            f"| {r['name']:<15} | {'32-true':<10} | {_fmt(r.get('train_img_s'), '11.1f')} "
+            f"| {r['name']:<15} | {precision:<10} | {_fmt(r.get('train_img_s'), '11.1f')} "
             f"| {_fmt(100 * r.get('data_wait', math.nan), '8.1f')}% | {_fmt(r.get('s_per_batch'), '7.2f')} "
             f"| {_fmt(r.get('compute_s_per_batch'), '9.2f')} | {_fmt(val_ips, '9.1f')} "
             f"| {_fmt(r.get('first_step_s'), '10.1f')} | {_fmt(r['wall_s'], '6.1f')} "

@@ -582,7 +582,7 @@ def reference_timings(args: argparse.Namespace) -> dict[str, Any]:
         cmd = [sys.executable, str(REPO / "scripts" / "bench_reference.py"), "--data-root", str(args.data_root)]
         ref_workers = 2 if args.workers == "auto" else args.workers
         cmd += ["--imgsz", str(args.imgsz), "--batch", str(args.batch), "--workers", str(ref_workers)]
-        cmd += ["--threads", str(args.threads), "--no-fwd-bwd", "--json", str(out)]
+        cmd += ["--threads", str(args.threads), "--device", args.device, "--no-fwd-bwd", "--json", str(out)]
         cmd += ["--ref-python", args.ref_python] if args.ref_python else []
         print(f"\n[reference] {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, cwd=REPO)
@@ -651,7 +651,7 @@ def print_table(results: list[Result]) -> None:
     print("x off: speed-up against 'off' (for wall time: off's time / this time).", flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--configs",
@@ -693,6 +693,11 @@ def main(argv: list[str] | None = None) -> None:
         "--in-process", action="store_true", help="run every config in this process (default: one process each)"
     )
     parser.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     names = list(CONFIGS) if args.configs == "all" else [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [n for n in names if n not in CONFIGS]

@@ -86,15 +86,42 @@ def test_bench_kernels_times_fused_bn_silu_against_pytorch():
         assert abs(float(speedup) - float(unfused) / float(fused)) < 0.02 * float(speedup) + 0.01
 
 
-def test_the_gemm_ceiling_times_the_same_product_in_onednn_as_a_1x1_convolution(monkeypatch):
+def _load_script(name: str, monkeypatch):
     import importlib.util
 
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_reference_trains_validates_and_times_on_the_device_yolo5l_runs_on(monkeypatch, tmp_path):
+    """On a GPU the comparison is GPU against GPU: bench_train passes its --device, and YOLOv5 gets it its way."""
+    ref = _load_script("bench_reference", monkeypatch)
+    assert [ref.yolov5_device(d) for d in ("cpu", "cuda", "cuda:1")] == ["cpu", "0", "1"]
+    for device, expected in (("cpu", "cpu"), ("cuda", "0")):
+        args = ref.build_parser().parse_args(["--device", device])
+        argv = ref.train_argv(args, tmp_path / "data.yaml", tmp_path)
+        assert argv[argv.index("--device") + 1] == expected
+        assert argv[argv.index("--img") + 1] == "320"
+    bench = _load_script("bench_train", monkeypatch)
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen["cmd"] = cmd
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    args = bench.build_parser().parse_args(["--device", "cuda", "--reference"])
+    assert bench.reference_timings(args) == {}
+    assert seen["cmd"][seen["cmd"].index("--device") + 1] == "cuda"
+
+
+def test_the_gemm_ceiling_times_the_same_product_in_onednn_as_a_1x1_convolution(monkeypatch):
     import torch
 
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_train", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = _load_script("bench_train", monkeypatch)
     a, b = torch.randn(64, 48, dtype=torch.float64), torch.randn(48, 40, dtype=torch.float64)
     x, w = bench.gemm_as_conv(a, b)
     y = torch.nn.functional.conv2d(x, w)  # [1, 40, 32, 2]
