@@ -72,6 +72,44 @@ def test_val_prints_table_and_writes_metrics(smoke):
     assert str(out / "metrics.json") in r.stdout or "metrics.json" in r.stdout
 
 
+@pytest.mark.parametrize("entry", ["val", "predict"])
+def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry, monkeypatch):
+    """As for training (tests/test_cli.py): start-up runs without the cyclic GC, the work with it, on what start-up
+    built frozen."""
+    import gc
+
+    import lightning.pytorch as pl
+
+    import yolo5l.boxes
+    import yolo5l.predict
+    import yolo5l.val
+
+    seen = {}
+
+    def probe(*_a, **_k):
+        seen["work"], seen["frozen"] = gc.isenabled(), gc.get_freeze_count()
+        raise KeyboardInterrupt  # stop here: the commands themselves are tested around this test
+
+    monkeypatch.setattr(pl.Trainer, "validate", probe)  # where validation starts
+    monkeypatch.setattr(yolo5l.boxes, "non_max_suppression", probe)  # after prediction's first forward
+    common = [f"weights={smoke['weights']}", f"hydra.run.dir={smoke['tmp'] / f'gc_{entry}'}"]
+    if entry == "val":
+        args = [*common, f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",
+                "data.synthetic.num_val=16", "data.imgsz=128", "trainer=cpu", "batch_size=8"]  # fmt: skip
+    else:
+        args = [*common, f"source={next(smoke['root'].rglob('*.jpg'))}", "imgsz=128", "device=cpu"]
+    monkeypatch.setattr(sys, "argv", [f"yolo5l.{entry}", *args])
+    main = yolo5l.val.main if entry == "val" else yolo5l.predict.main
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            main()
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert seen == {"work": True, "frozen": seen["frozen"]}
+    assert seen["frozen"] > 10_000
+
+
 def test_val_channels_last_gives_the_same_metrics(smoke):
     """`channels_last` (the default) is only a memory format: metrics equal the channels-first run's."""
     metrics = {}

@@ -18,7 +18,16 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from yolo5l._cli import UserError, check_group_choices, guarded, print_outputs, relpath
+from yolo5l._cli import (
+    UserError,
+    check_group_choices,
+    exit_without_heap_walk,
+    guarded,
+    pause_gc,
+    print_outputs,
+    relpath,
+    resume_gc,
+)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
@@ -71,6 +80,7 @@ def predict(cfg: DictConfig) -> list[dict]:
     (out / "labels").mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     bs = max(1, int(cfg.batch_size))
+    resume_gc()  # set-up is built (the command line paused the collector for it)
     for start in range(0, len(files), bs):
         chunk = files[start : start + bs]
         originals = [read_image(f) for f in chunk]
@@ -140,8 +150,10 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.predict`, `yolo5l-predict`)."""
+    pause_gc()
     check_group_choices(sys.argv[1:])
     _hydra_main()
+    exit_without_heap_walk()
 
 
 if __name__ == "__main__":

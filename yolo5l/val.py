@@ -15,7 +15,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from yolo5l._cli import UserError, check_group_choices, guarded, one_console_line_per_log, print_outputs, relpath
+from yolo5l._cli import (
+    UserError,
+    check_group_choices,
+    exit_without_heap_walk,
+    guarded,
+    one_console_line_per_log,
+    pause_gc,
+    print_outputs,
+    relpath,
+    resume_gc,
+)
 from yolo5l.train import _uses_cuda, resolve_precision
 
 
@@ -74,6 +84,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         callbacks=[],
         _convert_="all",
     )
+    resume_gc()  # set-up is built (the command line paused the collector for it)
     results = trainer.validate(module, datamodule=dm, verbose=False)[0]
     metrics = {k: float(v) for k, v in results.items()}
     if trainer.is_global_zero:
@@ -101,8 +112,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.val`, `yolo5l-val`)."""
+    pause_gc()
     check_group_choices(sys.argv[1:])
     _hydra_main()
+    exit_without_heap_walk()
 
 
 if __name__ == "__main__":
