@@ -56,39 +56,46 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
 
 def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, monkeypatch):
     """The command line holds the cyclic GC off while it imports and builds, then freezes what it built and turns the
-    collector back on before `fit`: training's own cycles (autograd graphs, exceptions) are collected as usual."""
+    collector back on before `fit`: training's own cycles (autograd graphs, exceptions) are collected as usual. After
+    the run it hands the frozen objects back (a sweep's next run needs the memory of this one's trainer and cache)."""
     import gc
 
     import yolo5l.train as tr
 
     seen = {}
-    real_build = tr.build
+    real_build, real_train = tr.build, tr.train
 
     def build(*args, **kwargs):
         seen["build"] = gc.isenabled()
         built = real_build(*args, **kwargs)
-        trainer = built[2]
 
-        def fit(*_a, **_k):
+        def fit(*_a, **_k):  # the run itself is tested above
             seen["fit"] = gc.isenabled()
             seen["frozen"] = gc.get_freeze_count()
-            raise KeyboardInterrupt  # stop here: the run itself is tested above
 
-        trainer.fit = fit
+        built[2].fit = fit
         return built
 
+    def train(cfg):
+        out = real_train(cfg)
+        seen["after"] = gc.get_freeze_count()
+        return out
+
     monkeypatch.setattr(tr, "build", build)
+    monkeypatch.setattr(tr, "train", train)
     monkeypatch.setattr(sys, "argv", ["yolo5l.train", *smoke_args(tmp_path)])
     frozen_before = gc.get_freeze_count()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            tr.main()
+        tr.main()
+        seen["exit"] = gc.get_freeze_count()
     finally:
         gc.unfreeze()
         gc.enable()
     assert seen["build"] is False
     assert seen["fit"] is True
     assert seen["frozen"] > frozen_before + 10_000  # modules, config, model, trainer
+    assert seen["after"] == frozen_before  # handed back when the run ends
+    assert seen["exit"] > 10_000  # and frozen again just before the interpreter exits
     # Outside the command line (a notebook), the collector is left as it is.
     tr.resume_gc()
     assert gc.get_freeze_count() == 0

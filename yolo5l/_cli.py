@@ -23,6 +23,8 @@ NULLABLE = ("experiment", "debug")
 
 #: True while `pause_gc` holds the cyclic garbage collector off (the command line's start-up).
 _gc_paused = False
+#: True while what start-up built sits in the collector's permanent generation (`resume_gc` put it there).
+_start_up_frozen = False
 
 
 def pause_gc() -> None:
@@ -42,14 +44,24 @@ def resume_gc() -> None:
     """Move everything start-up built (modules, config, model, trainer) to the collector's permanent generation and
     turn it back on: a no-op unless `pause_gc` turned it off, so a notebook's collector is left as it is.
 
-    Frozen objects are never scanned again, so later full collections only walk what training creates. The cost is
-    that a reference cycle among them is not freed before exit; start-up leaves few and small ones.
+    Frozen objects are never scanned again, so later full collections only walk what training creates. A reference
+    cycle among them is not freed until `unfreeze_start_up` hands them back at the end of the run.
     """
-    global _gc_paused
+    global _gc_paused, _start_up_frozen
     if _gc_paused:
         gc.freeze()
         gc.enable()
-        _gc_paused = False
+        _gc_paused, _start_up_frozen = False, True
+
+
+def unfreeze_start_up() -> None:
+    """Hand what `resume_gc` froze back to the collector at the end of a run. In a multirun sweep the finished run's
+    trainer, model and RAM image cache hang together in reference cycles: frozen, they would stay in memory for the
+    whole sweep. A no-op unless `resume_gc` froze something."""
+    global _start_up_frozen
+    if _start_up_frozen:
+        gc.unfreeze()
+        _start_up_frozen = False
 
 
 def exit_without_heap_walk() -> None:

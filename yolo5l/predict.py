@@ -27,6 +27,7 @@ from yolo5l._cli import (
     print_outputs,
     relpath,
     resume_gc,
+    unfreeze_start_up,
 )
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
@@ -129,6 +130,7 @@ def predict(cfg: DictConfig) -> list[dict]:
                 (out / "labels" / f"{path.stem}.txt").write_text("".join(ln + "\n" for ln in lines))
             if cfg.save_images:
                 cv2.imwrite(str(out / path.name), drawn)
+    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     (out / "predictions.json").write_text(json.dumps(results, indent=1))
     print(f"{len(results)} detections in {len(files)} images")
     print_outputs(

@@ -49,6 +49,7 @@ from yolo5l._cli import (
     print_outputs,
     relpath,
     resume_gc,
+    unfreeze_start_up,
 )
 from yolo5l.config import config_choices
 
@@ -398,6 +399,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     if trainer.is_global_zero:
         weights = weights_file(trainer, module, output_dir)
         ckpt = next((Path(p) for p in _checkpoint_files(trainer) if p.endswith(".ckpt")), None)

@@ -25,6 +25,7 @@ from yolo5l._cli import (
     print_outputs,
     relpath,
     resume_gc,
+    unfreeze_start_up,
 )
 from yolo5l.train import _uses_cuda, resolve_precision
 
@@ -86,6 +87,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     )
     resume_gc()  # set-up is built (the command line paused the collector for it)
     results = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     metrics = {k: float(v) for k, v in results.items()}
     if trainer.is_global_zero:
         out = Path(HydraConfig.get().runtime.output_dir)
