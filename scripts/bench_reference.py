@@ -411,7 +411,7 @@ def run_all(args: argparse.Namespace, ref_python: str, work: Path) -> dict[str, 
         )
     if not args.no_fwd_bwd:
         extra_cfg["fwdbwd"] = [args.batch, args.imgsz, nc, 3]
-    if len(extra_cfg) > 2:
+    if "val" in extra_cfg or "fwdbwd" in extra_cfg:
         print(f"\n[val] stand-alone val.run of {last_pt} (batch {args.val_batch}); fwd+bwd of one batch", flush=True)
         rec = run_wrapper("val", extra_cfg, ref_python, work)
         if rec is not None:

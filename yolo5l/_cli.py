@@ -71,6 +71,15 @@ def exit_without_heap_walk() -> None:
     gc.freeze()
 
 
+def run_entry_point(hydra_main: Callable[[], Any]) -> None:
+    """What `main()` of train, val and predict does: collector paused for start-up, config groups checked before
+    Hydra composes, the Hydra app run, the heap frozen for a quick exit."""
+    pause_gc()
+    check_group_choices(sys.argv[1:])
+    hydra_main()
+    exit_without_heap_walk()
+
+
 class UserError(Exception):
     """A mistake in the command or config that the user fixes: printed as one sentence, exit code 2."""
 

@@ -8,7 +8,6 @@ class cx cy w h score, normalised; `save_txt`).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import cv2
@@ -20,13 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from yolo5l._cli import (
     UserError,
-    check_group_choices,
-    exit_without_heap_walk,
     guarded,
-    pause_gc,
     print_outputs,
     relpath,
     resume_gc,
+    run_entry_point,
     unfreeze_start_up,
 )
 
@@ -152,10 +149,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.predict`, `yolo5l-predict`)."""
-    pause_gc()
-    check_group_choices(sys.argv[1:])
-    _hydra_main()
-    exit_without_heap_walk()
+    run_entry_point(_hydra_main)
 
 
 if __name__ == "__main__":

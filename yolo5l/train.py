@@ -25,7 +25,6 @@ if __name__ == "__main__":  # the collector stays off through the imports: see y
     gc.disable()
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,15 +39,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l._cli import (
     UserError,
-    check_group_choices,
-    exit_without_heap_walk,
     guarded,
     is_rank_zero,
     one_console_line_per_log,
-    pause_gc,
     print_outputs,
     relpath,
     resume_gc,
+    run_entry_point,
     unfreeze_start_up,
 )
 from yolo5l.config import config_choices
@@ -447,10 +444,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.train`, `yolo5l-train`)."""
-    pause_gc()
-    check_group_choices(sys.argv[1:])
-    _hydra_main()
-    exit_without_heap_walk()
+    run_entry_point(_hydra_main)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ The model is BN-fused (`fuse=true`) and runs with a large batch (`batch_size`, p
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import hydra
@@ -17,14 +16,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from yolo5l._cli import (
     UserError,
-    check_group_choices,
-    exit_without_heap_walk,
     guarded,
     one_console_line_per_log,
-    pause_gc,
     print_outputs,
     relpath,
     resume_gc,
+    run_entry_point,
     unfreeze_start_up,
 )
 from yolo5l.train import _uses_cuda, resolve_precision
@@ -114,10 +111,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.val`, `yolo5l-val`)."""
-    pause_gc()
-    check_group_choices(sys.argv[1:])
-    _hydra_main()
-    exit_without_heap_walk()
+    run_entry_point(_hydra_main)
 
 
 if __name__ == "__main__":
