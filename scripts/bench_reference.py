@@ -17,13 +17,15 @@ through a small wrapper that calls its public entry points (``yolov5.train.parse
   comparable with bench_train.py's "fp32" row;
 - with ``--cache-ram``, the training run again with ``--cache ram``.
 
-Create the reference environment once (about 2-3 minutes; PyPI only):
+Create the reference environment once, in ``.refvenv/`` at the repository root (ignored by git; about 2-3
+minutes; PyPI only), from the repository root:
 
-    python3.11 -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==X torchvision==Y  # X, Y: the versions in yolo5l's venv (same kernels)
-    /work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'  # pkg_resources; np.trapz
+    python3.11 -m venv .refvenv
+    .refvenv/bin/pip install torch==X torchvision==Y  # X, Y: the versions in yolo5l's venv (same kernels)
+    .refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'  # pkg_resources; np.trapz
 
-(a missing environment makes the script print these lines with X and Y filled in).
+(a missing environment makes the script print these lines with X and Y filled in; ``--ref-python`` points at a
+reference venv elsewhere).
 
 Offline operation (no edits to the installed package): ``ULTRALYTICS_SKIP_REQUIREMENTS_CHECKS=1`` (its
 ``check_requirements`` comes from the ``ultralytics`` package and would pip-install), ``YOLO_AUTOINSTALL=false``,
@@ -56,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_REF_PYTHON = "/work/refvenv/bin/python"
+# The reference venv lives inside the repository, in a folder .gitignore ignores.
+REF_VENV = REPO / ".refvenv"
+DEFAULT_REF_PYTHON = str(REF_VENV / "bin" / "python")
 
 
 def _version(package: str, default: str) -> str:
@@ -70,9 +74,9 @@ def _version(package: str, default: str) -> str:
 
 # The same torch as yolo5l's venv: the comparison is then between the two programs, not two torch builds.
 INSTALL_HINT = (
-    f"python3.11 -m venv /work/refvenv && /work/refvenv/bin/pip install torch=={_version('torch', '2.14.1')} "
+    f"cd {REPO} && python3.11 -m venv .refvenv && .refvenv/bin/pip install torch=={_version('torch', '2.14.1')} "
     f"torchvision=={_version('torchvision', '0.29.1')} && "
-    "/work/refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'"
+    ".refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'"
 )
 
 # Runs inside the reference's venv. Argument: a JSON file {"out", "start", "threads"} plus any of "argv" (train.py
