@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from yolo5l.data.module import YOLODataModule
+from yolo5l.data.datamodule import YOLODataModule
 
 
 class PeakRSS:

@@ -440,7 +440,7 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
 
     from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
     from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
-    from yolo5l.data.module import YOLODataModule
+    from yolo5l.data.datamodule import YOLODataModule
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.module import YOLOv5Module
 
@@ -548,7 +548,10 @@ def e2e_timings(args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import yolo5l.train, yolo5l.module, yolo5l.data.module"], check=True, env=env, cwd=REPO
+        [sys.executable, "-c", "import yolo5l.train, yolo5l.module, yolo5l.data.datamodule"],
+        check=True,
+        env=env,
+        cwd=REPO,
     )
     imports = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix="bench_e2e_") as tmp:

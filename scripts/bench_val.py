@@ -44,7 +44,7 @@ def validate_once(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     import lightning.pytorch as pl
     import yaml
 
-    from yolo5l.data.module import YOLODataModule
+    from yolo5l.data.datamodule import YOLODataModule
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.module import YOLOv5Module
     from yolo5l.train import resolve_precision

@@ -28,7 +28,7 @@ def _importable(target: str) -> bool:
 def test_default_config_composes_and_resolves(tmp_path):
     cfg = compose_config(output_dir=tmp_path / "run")
     assert cfg.model._target_ == "yolo5l.models.yolo.YOLOv5"
-    assert cfg.data._target_ == "yolo5l.data.module.YOLODataModule"
+    assert cfg.data._target_ == "yolo5l.data.datamodule.YOLODataModule"
     assert cfg.trainer._target_ == "lightning.pytorch.Trainer"
     assert cfg.hyp.lr0 == 0.01
     assert cfg.hyp.momentum == 0.937
@@ -150,7 +150,7 @@ def test_every_callback_instantiates(tmp_path, name):
 @pytest.mark.parametrize("name", config_choices("data"))
 def test_every_data_preset_composes(tmp_path, name):
     cfg = compose_config([f"data={name}"], output_dir=tmp_path)
-    assert cfg.data._target_ == "yolo5l.data.module.YOLODataModule"
+    assert cfg.data._target_ == "yolo5l.data.datamodule.YOLODataModule"
     assert cfg.data.imgsz % 32 == 0
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
+from yolo5l.data.datamodule import ShardSampler, ValShardSampler, YOLODataModule, seed_worker
 from yolo5l.data.dataset import collate_fn
-from yolo5l.data.module import ShardSampler, ValShardSampler, YOLODataModule, seed_worker
 
 IMGSZ = 128
 
@@ -324,7 +324,7 @@ def test_collate_stacks_hwc_items_into_a_channels_last_batch(synthetic):
 
 
 def test_labels_are_scanned_once_per_split(synthetic, monkeypatch):
-    import yolo5l.data.module as dm_module
+    import yolo5l.data.datamodule as dm_module
 
     calls = []
     real = dm_module.scan_labels

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "YOLOv5": "yolo5l.models.yolo",
     "YOLOv5Loss": "yolo5l.loss",
-    "YOLODataModule": "yolo5l.data.module",
+    "YOLODataModule": "yolo5l.data.datamodule",
     "YOLOv5Module": "yolo5l.module",
     "compose_config": "yolo5l.config",
     "load_ultralytics": "yolo5l.weights",
@@ -31,7 +31,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from yolo5l.config import compose_config
-    from yolo5l.data.module import YOLODataModule
+    from yolo5l.data.datamodule import YOLODataModule
     from yolo5l.loss import YOLOv5Loss
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.module import YOLOv5Module
