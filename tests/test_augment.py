@@ -11,7 +11,7 @@ import pytest
 
 from yolo5l.data import augment as aug
 from yolo5l.data.dataset import YOLODataset
-from yolo5l.data.files import LabelIndex, ScanReport
+from yolo5l.data.label_scan import LabelIndex, ScanReport
 
 PALETTE = np.array(
     [

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from yolo5l.data import cache as cache_mod
+from yolo5l.data import layout
 from yolo5l.data.augment import resize_long_side
 from yolo5l.data.cache import ImageCache
-from yolo5l.data.files import read_image
+from yolo5l.data.images import read_image
 
 
 @pytest.fixture
@@ -116,14 +117,14 @@ def test_disk_cache_read_only_dataset_uses_user_cache(images, tmp_path, monkeypa
         if d.is_dir():
             os.chmod(d, 0o555)
     if os.geteuid() == 0:  # root ignores permission bits: refuse writes under the dataset like a read-only mount
-        real = cache_mod._probe_write
+        real = layout.probe_write
 
         def probe(folder: Path) -> None:
             if str(folder).startswith(str(ds_root)):
                 raise PermissionError(13, "Read-only file system", str(folder))
             real(folder)
 
-        monkeypatch.setattr(cache_mod, "_probe_write", probe)
+        monkeypatch.setattr(layout, "probe_write", probe)
     try:
         c = ImageCache(files, shapes, 96, "disk")
         line = c.fill()

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from yolo5l.data.coco2yolo import COCO80_TO_91, COCO91_TO_80, COCO_NAMES, convert_coco_json, main, write_yaml
-from yolo5l.data.files import load_dataset_file, scan_labels
+from yolo5l.data.dataset_yaml import load_dataset_file
+from yolo5l.data.label_scan import scan_labels
 
 
 def test_coco_mapping_tables():

@@ -10,16 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import yolo5l.data.files as F
-from yolo5l.data.files import (
-    DatasetError,
-    ImageReadError,
-    img2label_path,
-    label_cache_path,
-    load_dataset_file,
-    read_image,
-    scan_labels,
-)
+import yolo5l.data.label_scan as scan_mod
+from yolo5l.data.dataset_yaml import load_dataset_file
+from yolo5l.data.images import ImageReadError, read_image
+from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path
 
 RNG = np.random.default_rng(0)
 
@@ -337,7 +332,7 @@ def test_cache_reused_then_invalidated(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("verifier called although the cache is valid")
 
-    monkeypatch.setattr(F, "verify_image_label", boom)
+    monkeypatch.setattr(scan_mod, "verify_image_label", boom)
     second = scan_labels(imgs, 2, cache)
     assert second.report.from_cache
     assert second.im_files == first.im_files
@@ -358,7 +353,7 @@ def test_cache_reused_then_invalidated(tmp_path, monkeypatch):
     # a different class count or cache version -> rebuilt
     assert not scan_labels(imgs, 3, cache).report.from_cache
     assert scan_labels(imgs, 3, cache).report.from_cache
-    monkeypatch.setattr(F, "CACHE_VERSION", "other")
+    monkeypatch.setattr(scan_mod, "CACHE_VERSION", "other")
     assert not scan_labels(imgs, 3, cache).report.from_cache
 
     # a label file deleted -> rebuilt, the image becomes a background
@@ -381,7 +376,7 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
         file.write(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(F.np, "savez", savez_dies_midway)
+    monkeypatch.setattr(scan_mod.np, "savez", savez_dies_midway)
     with pytest.raises(KeyboardInterrupt):
         scan_labels(imgs, 2, cache)
     assert cache.read_bytes() == before  # the old cache is untouched, no half-written file
@@ -401,9 +396,11 @@ def test_read_only_dataset_uses_user_cache(tmp_path, monkeypatch):
         _label(p, BOX)
     user = tmp_path / "usercache"
     monkeypatch.setenv("YOLO5L_CACHE_DIR", str(user))
-    real_writable = F._dir_writable
+    real_writable = scan_mod.dir_writable
     if os.geteuid() == 0:  # root writes through permission bits: judge writability by the bits instead
-        monkeypatch.setattr(F, "_dir_writable", lambda d: bool(d.stat().st_mode & stat.S_IWUSR) and real_writable(d))
+        monkeypatch.setattr(
+            scan_mod, "dir_writable", lambda d: bool(d.stat().st_mode & stat.S_IWUSR) and real_writable(d)
+        )
     dirs = [ds, *[p for p in ds.rglob("*") if p.is_dir()]]
     for d in dirs:
         d.chmod(0o555)
@@ -427,13 +424,13 @@ def test_concurrent_scans_build_once(tmp_path, monkeypatch):
     for p in imgs:
         _label(p, BOX)
     calls = []
-    real = F.verify_image_label
+    real = scan_mod.verify_image_label
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(F, "verify_image_label", counting)
+    monkeypatch.setattr(scan_mod, "verify_image_label", counting)
     results = []
     threads = [
         threading.Thread(target=lambda: results.append(scan_labels(imgs, 2, tmp_path / "l.cache"))) for _ in "ab"

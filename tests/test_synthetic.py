@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from yolo5l.data.files import load_dataset_file, read_image, scan_labels
+from yolo5l.data.dataset_yaml import load_dataset_file
+from yolo5l.data.images import read_image
+from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.synthetic import COLORS, MARKER, NAMES, ensure_synthetic, render_sample
 
 SMALL = {"num_train": 24, "num_val": 8}

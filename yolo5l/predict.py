@@ -26,8 +26,9 @@ from yolo5l._cli import (
     run_entry_point,
     unfreeze_start_up,
 )
+from yolo5l.data.layout import IMG_FORMATS
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+IMAGE_SUFFIXES = {f".{s}" for s in IMG_FORMATS}
 
 
 def list_images(source: str | list[str]) -> list[Path]:
@@ -51,7 +52,7 @@ def predict(cfg: DictConfig) -> list[dict]:
     """Run detection as `cfg` (conf/predict.yaml) says; returns the detections written to predictions.json."""
     from yolo5l.boxes import non_max_suppression, scale_boxes
     from yolo5l.data.augment import letterbox
-    from yolo5l.data.files import read_image
+    from yolo5l.data.images import read_image
     from yolo5l.weights import load_weights
 
     if not Path(str(cfg.weights)).is_file():

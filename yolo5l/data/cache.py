@@ -5,11 +5,11 @@ a cache hit skips both the JPEG decode and the resize. The bytes needed are know
 scan's shapes, so the up-front fit check needs no sampling.
 
 - ``ram``: filled by a thread pool for the given indices (under DDP, the rank's shard only). Falls back to no
-  cache, with a message, when ``need * 1.1 > available`` (psutil's available memory).
+  cache, with a message, when ``need * HEADROOM > available`` (psutil's available memory).
 - ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>`` folder beside
-  the images; when that is read-only, ``$YOLO5L_CACHE_DIR`` or ``~/.cache/yolo5l/npy/<hash>``). A file that is
-  unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
-  free space is short.
+  the images; when that is read-only, ``<user cache>/npy/<hash>``, see
+  :func:`~yolo5l.data.layout.user_cache_dir`). A file that is unreadable, of the wrong shape or dtype, or older
+  than its image is rebuilt. Falls back to no cache when the free space is short (same ``HEADROOM``).
 
 Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX ``CacheDataset``.
 """
@@ -30,34 +30,16 @@ import numpy as np
 import psutil
 
 from yolo5l.data.augment import resize_long_side, resized_shape
-from yolo5l.data.files import read_image
+from yolo5l.data.images import read_image
+from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
 
 log = logging.getLogger(__name__)
 
 CACHE_MODES = ("none", "ram", "disk")
-_HEADROOM = 1.1  # YOLOv5's safety factor on the estimate
-
-
-def _user_cache_base() -> Path:
-    base = os.environ.get("YOLO5L_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yolo5l"
-    )
-    return Path(base) / "npy"
-
-
-def _probe_write(folder: Path) -> None:
-    """Raise OSError unless a file can be created in ``folder`` (created if missing)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile(dir=folder):
-        pass
-
-
-def _writable(folder: Path) -> bool:
-    try:
-        _probe_write(folder)
-        return True
-    except OSError:
-        return False
+HEADROOM = 1.1  # YOLOv5's safety factor on the memory or disk space estimate
+MAX_FILL_THREADS = 8  # default fill threads: min(MAX_FILL_THREADS, CPU cores)
+_NPY_HEADER_BYTES = 128  # upper bound of one .npy file's header
+_GB = 1e9
 
 
 def _load_resized(path: str, imgsz: int, augment: bool) -> np.ndarray:
@@ -74,7 +56,7 @@ class ImageCache:
         mode: "none", "ram" or "disk".
         augment: Whether the images feed augmentation (INTER_LINEAR) or not (INTER_AREA when shrinking).
         cache_dir: Disk cache folder; default beside the images (see the module docstring).
-        num_threads: Threads that fill the cache.
+        num_threads: Threads that fill the cache; default min(:data:`MAX_FILL_THREADS`, CPU cores).
         prefix: Prefix of the messages (e.g. "train: ").
     """
 
@@ -97,7 +79,7 @@ class ImageCache:
         self.augment = augment
         self.requested = mode
         self.mode = mode
-        self.num_threads = num_threads or min(8, os.cpu_count() or 1)
+        self.num_threads = num_threads or min(MAX_FILL_THREADS, os.cpu_count() or 1)
         self.prefix = prefix
         self.ram: list[np.ndarray | None] = [None] * len(self.im_files)
         self.messages: list[str] = []
@@ -133,15 +115,17 @@ class ImageCache:
     def _choose_folder(self) -> Path:
         self._image_root = Path(os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in self.im_files]))
         tag = f"s{self.imgsz}_{self._interp}"
-        preferred = (self._cache_dir / tag) if self._cache_dir else self._image_root.with_name(
-            self._image_root.name + ".npycache"
-        ) / tag
-        if _writable(preferred):
+        preferred = (
+            (self._cache_dir / tag)
+            if self._cache_dir
+            else self._image_root.with_name(self._image_root.name + ".npycache") / tag
+        )
+        if dir_writable(preferred):
             return preferred
         key = hashlib.sha1(f"{self._image_root.resolve()}|{tag}".encode()).hexdigest()[:16]
-        fallback = _user_cache_base() / key
+        fallback = user_cache_dir("npy") / key
         self._say(f"{self.prefix}disk cache folder {preferred} is not writable; using {fallback} instead.")
-        _probe_write(fallback)
+        probe_write(fallback)
         return fallback
 
     # ----------------------------------------------------------------------------------------- fill
@@ -149,19 +133,19 @@ class ImageCache:
         """Fill the cache for ``indices`` (default all), after checking that it fits.
 
         Returns:
-            One summary line (also logged), e.g. ``train: caching 128 images (12.3 MB) in RAM``.
+            One summary line, e.g. ``train: cached 128 images (0.12 GB) in RAM``.
         """
         indices = list(range(len(self.im_files))) if indices is None else list(indices)
         if self.mode == "none" or not indices:
             return f"{self.prefix}no image cache"
         need = self.nbytes(indices)
-        gb = need / 1e9
+        gb = need / _GB
         if self.mode == "ram":
             avail = psutil.virtual_memory().available
-            if need * _HEADROOM > avail:
+            if need * HEADROOM > avail:
                 self._say(
-                    f"{self.prefix}RAM cache disabled: {len(indices)} images need {gb:.2f} GB (x{_HEADROOM} headroom) "
-                    f"but only {avail / 1e9:.2f} GB is available; set data.cache=disk or free memory."
+                    f"{self.prefix}RAM cache disabled: {len(indices)} images need {gb:.2f} GB (x{HEADROOM} headroom) "
+                    f"but only {avail / _GB:.2f} GB is available; set data.cache=disk or free memory."
                 )
                 self.mode = "none"
                 return self.messages[-1]
@@ -175,12 +159,12 @@ class ImageCache:
             self.mode = "none"
             return self.messages[-1]
         missing = [i for i in indices if not self._npy_valid(i)]
-        need_missing = self.nbytes(missing) + 128 * len(missing)  # + .npy headers
+        need_missing = self.nbytes(missing) + _NPY_HEADER_BYTES * len(missing)
         free = shutil.disk_usage(self.folder).free
-        if need_missing * _HEADROOM > free:
+        if need_missing * HEADROOM > free:
             self._say(
-                f"{self.prefix}disk cache disabled: {len(missing)} .npy files need {need_missing / 1e9:.2f} GB "
-                f"but {self.folder} has {free / 1e9:.2f} GB free; set data.cache_dir elsewhere or data.cache=none."
+                f"{self.prefix}disk cache disabled: {len(missing)} .npy files need {need_missing / _GB:.2f} GB "
+                f"but {self.folder} has {free / _GB:.2f} GB free; set data.cache_dir elsewhere or data.cache=none."
             )
             self.mode = "none"
             return self.messages[-1]

@@ -34,7 +34,16 @@ from typing import Any
 
 import yaml
 
-__all__ = ["COCO80_TO_91", "COCO91_TO_80", "COCO_NAMES", "ConvertResult", "convert_coco_json", "main", "write_yaml"]
+__all__ = [
+    "COCO80_TO_91",
+    "COCO91_TO_80",
+    "COCO_NAMES",
+    "PRESETS",
+    "ConvertResult",
+    "convert_coco_json",
+    "main",
+    "write_yaml",
+]
 
 COCO_NAMES = (
     "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
@@ -62,7 +71,7 @@ COCO80_TO_91 = (
 )
 COCO91_TO_80 = {cid: i for i, cid in enumerate(COCO80_TO_91)}
 
-_PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "coco": {"train": "train2017.txt", "val": "val2017.txt"},
     "coco128": {"train": "images/train2017", "val": "images/train2017"},
 }
@@ -233,12 +242,12 @@ def write_yaml(preset: str, out: str | os.PathLike) -> Path:
     Returns:
         The yaml path.
     """
-    if preset not in _PRESETS:
-        raise ValueError(f"--write-yaml takes one of {sorted(_PRESETS)}, got {preset!r}")
+    if preset not in PRESETS:
+        raise ValueError(f"--write-yaml takes one of {sorted(PRESETS)}, got {preset!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "data.yaml"
-    _merge_yaml(path, COCO_NAMES, _PRESETS[preset], _DOWNLOAD_HINT)
+    _merge_yaml(path, COCO_NAMES, PRESETS[preset], _DOWNLOAD_HINT)
     return path
 
 
@@ -249,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--images", type=Path, help="folder of the split's images, e.g. train2017/")
     p.add_argument("--out", type=Path, required=True, help="dataset folder to write (labels/, <split>.txt, data.yaml)")
     p.add_argument("--split", help="split name (default: from the JSON name)")
-    p.add_argument("--write-yaml", choices=sorted(_PRESETS), help="only write data.yaml for a YOLO-format download")
+    p.add_argument("--write-yaml", choices=sorted(PRESETS), help="only write data.yaml for a YOLO-format download")
     a = p.parse_args(argv)
     if a.write_yaml:
         print(write_yaml(a.write_yaml, a.out))

@@ -31,7 +31,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo5l.data.dataset import YOLODataset, collate_fn
-from yolo5l.data.files import DatasetSpec, load_dataset_file, scan_labels
+from yolo5l.data.dataset_yaml import DatasetSpec, load_dataset_file
+from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.synthetic import ensure_synthetic
 
 

@@ -1,4 +1,4 @@
-"""``YOLODataset``: a torch Dataset over a :class:`~yolo5l.data.files.LabelIndex`, and the batch collate.
+"""``YOLODataset``: a torch Dataset over a :class:`~yolo5l.data.label_scan.LabelIndex`, and the batch collate.
 
 Train mode (``augment=True``): mosaic (+ mixup, copy-paste) and random perspective, or, when the mosaic is
 skipped or switched off, letterbox + random perspective with border 0; then albumentations, HSV and flips.
@@ -29,7 +29,7 @@ from torch.utils.data import Dataset
 
 from yolo5l.data import augment as aug
 from yolo5l.data.cache import ImageCache
-from yolo5l.data.files import LabelIndex
+from yolo5l.data.label_scan import LabelIndex
 
 Shapes = tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]]
 Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]]

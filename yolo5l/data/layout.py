@@ -1,0 +1,117 @@
+"""Where dataset files live: image suffixes, the label file of an image, label cache and user cache folders.
+
+The layout is ultralytics' YOLO format: images under an ``images`` folder, one ``.txt`` label file per image
+under the matching ``labels`` folder (the last ``/images/`` replaced by ``/labels/``), one row per box
+``class cx cy w h`` normalised to [0, 1].
+
+Also :class:`DatasetError`, the error every data module raises for a dataset that cannot be used.
+
+This module imports only the standard library, so that the CLIs can list images without loading OpenCV.
+
+Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py`` (``IMG_FORMATS``, ``img2label_paths``, the label
+cache path of ``LoadImagesAndLabels``), re-written from their behaviour.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CACHE_SUFFIX",
+    "IMG_FORMATS",
+    "LABEL_SUFFIX",
+    "LIST_SUFFIX",
+    "PIL_FORMATS",
+    "DatasetError",
+    "dir_writable",
+    "img2label_path",
+    "is_image_file",
+    "label_cache_path",
+    "probe_write",
+    "user_cache_dir",
+]
+
+# The image file suffixes (lower case, without the dot) every part of yolo5l accepts as images.
+IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp", "pfm")
+# PIL format names those suffixes may decode as (a .jpg that is really a GIF is rejected by the label scan).
+PIL_FORMATS = frozenset({"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"})
+
+_IMAGES_DIR, _LABELS_DIR = "images", "labels"
+LABEL_SUFFIX = ".txt"  # a label file
+LIST_SUFFIX = ".txt"  # a list of image files (a split given as ``train2017.txt``)
+CACHE_SUFFIX = ".cache"
+# Overrides the user cache root (default ``$XDG_CACHE_HOME/yolo5l``, else ``~/.cache/yolo5l``).
+CACHE_DIR_ENV = "YOLO5L_CACHE_DIR"
+
+
+class DatasetError(ValueError):
+    """A dataset file, folder or label set that cannot be used; the message names the file and the fix."""
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """Whether ``path``'s suffix is one of :data:`IMG_FORMATS` (case-insensitive); the file itself is not read."""
+    return Path(path).suffix[1:].lower() in IMG_FORMATS
+
+
+def img2label_path(p: str | os.PathLike) -> str:
+    """The label file of an image: the last ``/images/`` becomes ``/labels/`` and the suffix ``.txt``.
+
+    Example: ``datasets/coco/images/train2017/1.jpg`` -> ``datasets/coco/labels/train2017/1.txt``.
+    """
+    s = os.fspath(p)
+    sa, sb = f"{os.sep}{_IMAGES_DIR}{os.sep}", f"{os.sep}{_LABELS_DIR}{os.sep}"
+    if sa in s:
+        head, _, tail = s.rpartition(sa)
+        s = head + sb + tail
+    return os.path.splitext(s)[0] + LABEL_SUFFIX
+
+
+def label_cache_path(image_files: Sequence[str | Path], sources: Sequence[Path] = ()) -> Path:
+    """The label cache file of a split, as ultralytics places it.
+
+    A split given by one ``.txt`` list caches to ``<list>.cache`` (``datasets/coco/train2017.cache``);
+    otherwise the cache sits beside the labels folder of the first image (``labels/train.cache``).
+
+    Args:
+        image_files: The split's image files (at least one).
+        sources: The folders / lists the files came from, if known.
+
+    Returns:
+        The cache file path (its folder may be read-only: the label scan then falls back to :func:`user_cache_dir`).
+    """
+    if len(sources) == 1 and Path(sources[0]).suffix == LIST_SUFFIX:
+        return Path(sources[0]).with_suffix(CACHE_SUFFIX)
+    if not image_files:
+        raise DatasetError("label_cache_path: the split has no image files")
+    return Path(img2label_path(image_files[0])).parent.with_suffix(CACHE_SUFFIX)
+
+
+def user_cache_dir(kind: str) -> Path:
+    """The per-user cache folder of ``kind`` ("labels", "npy"), used where the dataset's folder is read-only.
+
+    ``$YOLO5L_CACHE_DIR/<kind>``, else ``$XDG_CACHE_HOME/yolo5l/<kind>``, else ``~/.cache/yolo5l/<kind>``.
+    """
+    base = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yolo5l"
+    )
+    return Path(base) / kind
+
+
+def probe_write(folder: Path) -> None:
+    """Raise OSError unless a file can be created in ``folder`` (created if missing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
+
+
+def dir_writable(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (created if missing); see :func:`probe_write`."""
+    try:
+        probe_write(folder)
+        return True
+    except OSError:
+        return False
