@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from yolo5l.data import augment as aug
+from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.label_scan import LabelIndex, ScanReport
 
@@ -118,7 +119,7 @@ def test_mosaic4_labels_on_their_quadrant_content():
         box = np.array([[w * 0.2, h * 0.3, w * 0.7, h * 0.9]])
         images.append(render(h, w, box.round(), [k]))
         b = box.round()[0]
-        labels.append(np.concatenate([[[k]], aug.xyxy_to_xywhn(b[None], w, h, clip=False)], 1))
+        labels.append(np.concatenate([[[k]], xyxy_to_xywhn(b[None], w, h, clip=False)], 1))
         expect_colour.append(k)
     for center in [(160, 160), (100, 230), (230, 90)]:
         canvas, lab = aug.mosaic4(images, [lb.astype(np.float32) for lb in labels], s, center)
@@ -140,11 +141,11 @@ def test_mosaic4_labels_on_their_quadrant_content():
 def test_flips_mirror_boxes():
     boxes = np.array([[10, 20, 50, 70], [100, 5, 180, 40]], float)
     img = render(120, 200, boxes, [0, 1])
-    norm = np.concatenate([[[0], [1]], aug.xyxy_to_xywhn(boxes, 200, 120, clip=False)], 1).astype(np.float32)
+    norm = np.concatenate([[[0], [1]], xyxy_to_xywhn(boxes, 200, 120, clip=False)], 1).astype(np.float32)
     for flip in (aug.flip_lr, aug.flip_ud):
         lab = norm.copy()
         out = flip(img, lab)
-        px = np.concatenate([lab[:, :1], aug.xywhn_to_xyxy(lab[:, 1:], 200, 120)], 1)
+        px = np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], 200, 120)], 1)
         assert_tight(out, px, tol=1e-4)
     lab = norm.copy()
     aug.flip_lr(img, lab)
@@ -253,7 +254,7 @@ def _fake_index(tmp_path, n=6):
         p = tmp_path / f"im{i}.png"
         cv2.imwrite(str(p), img[..., ::-1])
         files.append(str(p))
-        labels.append(np.concatenate([[[i]], aug.xyxy_to_xywhn(box, w, h, clip=False)], 1).astype(np.float32))
+        labels.append(np.concatenate([[[i]], xyxy_to_xywhn(box, w, h, clip=False)], 1).astype(np.float32))
         shapes.append((h, w))
     return LabelIndex(files, labels, np.array(shapes), ScanReport())
 
@@ -262,7 +263,7 @@ def _item_pixels(item):
     img = item[0].permute(1, 2, 0).numpy()
     lab = item[1].numpy()[:, 1:]
     h, w = img.shape[:2]
-    return img, np.concatenate([lab[:, :1], aug.xywhn_to_xyxy(lab[:, 1:], w, h)], 1)
+    return img, np.concatenate([lab[:, :1], xywhn_to_xyxy(lab[:, 1:], w, h)], 1)
 
 
 def test_train_item_mosaic_pipeline_keeps_boxes_on_pixels(tmp_path):
@@ -308,4 +309,4 @@ def test_val_item_shapes_map_back_to_original(tmp_path):
         lb0, s0 = orig[path]
         assert (h0, w0) == tuple(s0)
         back = (px[:, 1:] - [pw, ph, pw, ph]) / [rw, rh, rw, rh]
-        np.testing.assert_allclose(back, aug.xywhn_to_xyxy(lb0[:, 1:], w0, h0), atol=1.0)
+        np.testing.assert_allclose(back, xywhn_to_xyxy(lb0[:, 1:], w0, h0), atol=1.0)

@@ -22,6 +22,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from yolo5l.data.box_format import xywhn_to_xyxy
+
 FILL = 114  # grey used for every border, as in YOLOv5
 
 Rng = np.random.Generator
@@ -59,31 +61,7 @@ def augment_hyp(hyp: Mapping | None) -> dict[str, float]:
     return out
 
 
-# --------------------------------------------------------------------------------------------- box helpers
-def xywhn_to_xyxy(x: np.ndarray, w: float, h: float, padw: float = 0.0, padh: float = 0.0) -> np.ndarray:
-    """Normalised (n, 4) cx,cy,w,h -> pixel x1,y1,x2,y2 on a (h, w) image placed at offset (padw, padh)."""
-    y = np.empty_like(x)
-    y[:, 0] = w * (x[:, 0] - x[:, 2] / 2) + padw
-    y[:, 1] = h * (x[:, 1] - x[:, 3] / 2) + padh
-    y[:, 2] = w * (x[:, 0] + x[:, 2] / 2) + padw
-    y[:, 3] = h * (x[:, 1] + x[:, 3] / 2) + padh
-    return y
-
-
-def xyxy_to_xywhn(x: np.ndarray, w: float, h: float, clip: bool = True, eps: float = 1e-3) -> np.ndarray:
-    """Pixel (n, 4) x1,y1,x2,y2 -> normalised cx,cy,w,h, optionally clipped to the image (minus ``eps``)."""
-    x = x.copy()
-    if clip:
-        x[:, [0, 2]] = x[:, [0, 2]].clip(0, w - eps)
-        x[:, [1, 3]] = x[:, [1, 3]].clip(0, h - eps)
-    y = np.empty_like(x)
-    y[:, 0] = (x[:, 0] + x[:, 2]) / 2 / w
-    y[:, 1] = (x[:, 1] + x[:, 3]) / 2 / h
-    y[:, 2] = (x[:, 2] - x[:, 0]) / w
-    y[:, 3] = (x[:, 3] - x[:, 1]) / h
-    return y
-
-
+# --------------------------------------------------------------------------------------------- box filter
 def box_candidates(
     box1: np.ndarray, box2: np.ndarray, wh_thr: float = 2, ar_thr: float = 100, area_thr: float = 0.1, eps=1e-16
 ) -> np.ndarray:

@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
+
+from yolo5l.data.box_format import xyxy_to_xywhn
+from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, LIST_SUFFIX, format_labels
 
 __all__ = [
     "COCO80_TO_91",
@@ -190,10 +194,10 @@ def convert_coco_json(
     for a in coco["annotations"]:
         anns[a["image_id"]].append(a)
 
-    img_dir = out / "images" / split
+    img_dir = out / IMAGES_DIR / split
     if img_dir.resolve() != images.resolve():
         _link_images(images, img_dir)
-    label_dir = out / "labels" / split
+    label_dir = out / LABELS_DIR / split
     label_dir.mkdir(parents=True, exist_ok=True)
     listed = []
     for im in sorted(coco["images"], key=lambda im: im["file_name"]):
@@ -202,7 +206,7 @@ def convert_coco_json(
             result.missing_images += 1
             continue
         w, h = float(im["width"]), float(im["height"])
-        rows = []
+        classes, corners = [], []
         for a in anns.get(im["id"], ()):
             if a.get("iscrowd", 0):
                 result.crowd += 1
@@ -217,18 +221,19 @@ def convert_coco_json(
             if x2 - x1 <= 0 or y2 - y1 <= 0:
                 result.degenerate += 1
                 continue
-            rows.append(
-                f"{cls} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
-            )
-        (label_dir / f"{Path(file_name).stem}.txt").write_text("".join(r + "\n" for r in rows))
-        listed.append(f"./images/{split}/{file_name}")
+            classes.append(cls)
+            corners.append((x1, y1, x2, y2))
+        xywhn = xyxy_to_xywhn(np.asarray(corners, np.float64).reshape(-1, 4), w, h, clip=False)
+        rows = [(c, *box) for c, box in zip(classes, xywhn.tolist(), strict=True)]
+        (label_dir / f"{Path(file_name).stem}{LABEL_SUFFIX}").write_text(format_labels(rows))
+        listed.append(f"./{IMAGES_DIR}/{split}/{file_name}")
         result.images += 1
         result.boxes += len(rows)
         result.backgrounds += not rows
-    (out / f"{split}.txt").write_text("".join(p + "\n" for p in listed))
+    (out / f"{split}{LIST_SUFFIX}").write_text("".join(p + "\n" for p in listed))
     key = "val" if "val" in split else "train"
-    result.yaml_path = out / "data.yaml"
-    _merge_yaml(result.yaml_path, names, {key: f"{split}.txt"}, None)
+    result.yaml_path = out / DATA_YAML
+    _merge_yaml(result.yaml_path, names, {key: f"{split}{LIST_SUFFIX}"}, None)
     return result
 
 
@@ -246,7 +251,7 @@ def write_yaml(preset: str, out: str | os.PathLike) -> Path:
         raise ValueError(f"--write-yaml takes one of {sorted(PRESETS)}, got {preset!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "data.yaml"
+    path = out / DATA_YAML
     _merge_yaml(path, COCO_NAMES, PRESETS[preset], _DOWNLOAD_HINT)
     return path
 

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from yolo5l.data import augment as aug
+from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.cache import ImageCache
 from yolo5l.data.label_scan import LabelIndex
 
@@ -162,7 +163,7 @@ class YOLODataset(Dataset):
         labels = np.zeros((len(lab), 5), np.float32)
         if len(lab):
             labels[:, 0] = lab[:, 0]
-            labels[:, 1:] = aug.xywhn_to_xyxy(lab[:, 1:5], w * rw, h * rh, pw, ph)
+            labels[:, 1:] = xywhn_to_xyxy(lab[:, 1:5], w * rw, h * rh, pw, ph)
         return out, labels, shapes
 
     # ----------------------------------------------------------------------------------------- item
@@ -192,7 +193,7 @@ class YOLODataset(Dataset):
                 img, labels = self._perspective(img, labels, rng)
         nl = len(labels)
         if nl:
-            labels[:, 1:5] = aug.xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True, eps=1e-3)
+            labels[:, 1:5] = xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True)
         if rng is not None:
             if self.albumentations is not None:
                 img = np.ascontiguousarray(self.albumentations(img, rng=rng))

@@ -33,6 +33,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.images import exif_hw
 from yolo5l.data.layout import IMG_FORMATS, PIL_FORMATS, img2label_path
 
@@ -187,9 +188,8 @@ def _parse_labels(lb_file: str, num_classes: int) -> tuple[np.ndarray, list[str]
             warnings.append(f"label line {n}: values within {COORD_TOL} outside [0, 1] clipped")
         if is_polygon:
             pts = coords.reshape(-1, 2)
-            x1, y1 = pts.min(0)
-            x2, y2 = pts.max(0)
-            box = np.array([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1])
+            corners = np.concatenate((pts.min(0), pts.max(0)))[None]  # (1, 4) x1 y1 x2 y2, already normalised
+            box = xyxy_to_xywhn(corners, 1.0, 1.0, clip=False)[0]
             repaired = True
             warnings.append(f"label line {n}: polygon of {len(pts)} points converted to its box")
         else:

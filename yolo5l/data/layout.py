@@ -16,18 +16,22 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CACHE_SUFFIX",
+    "DATA_YAML",
+    "IMAGES_DIR",
     "IMG_FORMATS",
+    "LABELS_DIR",
     "LABEL_SUFFIX",
     "LIST_SUFFIX",
     "PIL_FORMATS",
     "DatasetError",
     "dir_writable",
+    "format_labels",
     "img2label_path",
     "is_image_file",
     "label_cache_path",
@@ -40,7 +44,8 @@ IMG_FORMATS = ("bmp", "dng", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp",
 # PIL format names those suffixes may decode as (a .jpg that is really a GIF is rejected by the label scan).
 PIL_FORMATS = frozenset({"BMP", "DNG", "JPEG", "MPO", "PNG", "TIFF", "WEBP", "PFM"})
 
-_IMAGES_DIR, _LABELS_DIR = "images", "labels"
+IMAGES_DIR, LABELS_DIR = "images", "labels"
+DATA_YAML = "data.yaml"  # the dataset yaml that coco2yolo and the synthetic dataset write
 LABEL_SUFFIX = ".txt"  # a label file
 LIST_SUFFIX = ".txt"  # a list of image files (a split given as ``train2017.txt``)
 CACHE_SUFFIX = ".cache"
@@ -63,11 +68,16 @@ def img2label_path(p: str | os.PathLike) -> str:
     Example: ``datasets/coco/images/train2017/1.jpg`` -> ``datasets/coco/labels/train2017/1.txt``.
     """
     s = os.fspath(p)
-    sa, sb = f"{os.sep}{_IMAGES_DIR}{os.sep}", f"{os.sep}{_LABELS_DIR}{os.sep}"
+    sa, sb = f"{os.sep}{IMAGES_DIR}{os.sep}", f"{os.sep}{LABELS_DIR}{os.sep}"
     if sa in s:
         head, _, tail = s.rpartition(sa)
         s = head + sb + tail
     return os.path.splitext(s)[0] + LABEL_SUFFIX
+
+
+def format_labels(rows: Iterable[Sequence[float]]) -> str:
+    """The text of a label file: one ``class cx cy w h`` line per ``[cls, cx, cy, w, h]`` row (6 decimals)."""
+    return "".join(f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}\n" for c, cx, cy, w, h in rows)
 
 
 def label_cache_path(image_files: Sequence[str | Path], sources: Sequence[Path] = ()) -> Path:

@@ -1,9 +1,10 @@
 """The synthetic default dataset: filled shapes on noisy backgrounds, learnable by YOLOv5s in a few epochs.
 
 Four classes of clearly distinct filled shapes, each in its own colour: rectangle (red), ellipse (green),
-triangle (blue), cross (yellow). 1-6 non-overlapping objects per image, 20-150 px, on smoothly varying noisy
-backgrounds; image sides 240-400 px (not all square, so rectangular validation batches are exercised);
-JPEG quality 90. Labels are the exact pixel extents of the drawn shapes (the objects never overlap).
+triangle (blue), cross (yellow). At least one and at most ``max_objects`` non-overlapping objects per image
+(:func:`render_sample`), on smoothly varying noisy backgrounds; image sides between ``min_side`` and ``max_side``
+(:func:`ensure_synthetic`; not all square, so rectangular validation batches are exercised); saved as JPEG.
+Labels are the exact pixel extents of the drawn shapes (the objects never overlap).
 
 Generation is deterministic (image i of a split depends only on (seed, split, i)), happens once (a marker
 file written last records the parameters), and is atomic: it writes into a temporary sibling folder that is
@@ -24,13 +25,24 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from yolo5l.data.box_format import xyxy_to_xywhn
+from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, format_labels
+
 __all__ = ["COLORS", "MARKER", "NAMES", "ensure_synthetic", "render_sample"]
 
 NAMES = ("rectangle", "ellipse", "triangle", "cross")
 COLORS = ((220, 40, 40), (40, 200, 60), (40, 80, 230), (235, 215, 40))  # RGB, one per class
 MARKER = ".synthetic.json"  # written last: its presence means the dataset is complete
+DEFAULT_ROOT = Path("datasets") / "synthetic"  # under the current directory
+DEFAULT_NUM_TRAIN, DEFAULT_NUM_VAL = 512, 128
 _SPLITS = {"train": 0, "val": 1}
 _FORMAT_VERSION = 1  # bump when the rendering changes, so old datasets are regenerated
+_MIN_OBJECT_SIDE = 20  # pixels
+_MIN_IMAGE_SIDE = 2 * _MIN_OBJECT_SIDE + 4  # twice the smallest object plus a margin
+_MAX_OBJECT_FRACTION = 0.6  # of the shorter image side
+_GAP = 2  # pixels kept free around every object, so that objects never touch
+_TRIES_PER_OBJECT = 20  # placement attempts per wanted object (rejection sampling)
+_WRITE_THREADS = 4
 
 
 def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -46,11 +58,12 @@ def _draw_mask(cls: int, rng: np.random.Generator, bw: int, bh: int) -> np.ndarr
     """A filled shape of class ``cls`` filling a (bh, bw) box, as a bool mask of the box."""
     mask = np.zeros((bh, bw), np.uint8)
     x2, y2 = bw - 1, bh - 1
-    if cls == 0:  # rectangle
+    name = NAMES[cls]
+    if name == "rectangle":
         mask[:] = 1
-    elif cls == 1:  # ellipse
-        cv2.ellipse(mask, ((x2 / 2, y2 / 2), (bw - 1, bh - 1), 0.0), 1, thickness=-1)
-    elif cls == 2:  # triangle: apex somewhere on the top edge
+    elif name == "ellipse":
+        cv2.ellipse(mask, ((x2 / 2, y2 / 2), (x2, y2), 0.0), 1, thickness=-1)
+    elif name == "triangle":  # apex somewhere on the top edge
         apex = int(rng.integers(0, bw))
         cv2.fillPoly(mask, [np.array([[apex, 0], [x2, y2], [0, y2]], np.int32)], 1)
     else:  # cross: two bars a third of the box thick
@@ -62,7 +75,12 @@ def _draw_mask(cls: int, rng: np.random.Generator, bw: int, bh: int) -> np.ndarr
 
 
 def render_sample(
-    rng: np.random.Generator, h: int, w: int, max_objects: int = 6, min_size: int = 20, max_size: int = 150
+    rng: np.random.Generator,
+    h: int,
+    w: int,
+    max_objects: int = 6,
+    min_size: int = _MIN_OBJECT_SIDE,
+    max_size: int = 150,
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Render one image.
 
@@ -72,26 +90,26 @@ def render_sample(
         w: Image width.
         max_objects: At most this many objects (at least 1 is always placed).
         min_size: Smallest box side in pixels.
-        max_size: Largest box side in pixels (also capped at 60% of the shorter image side).
+        max_size: Largest box side in pixels (also capped at ``_MAX_OBJECT_FRACTION`` of the shorter image side).
 
     Returns:
         (image (h, w, 3) uint8 RGB, labels (n, 5) float32 [cls, cx, cy, w, h] normalised, masks: n bool (h, w)).
-        Each label is the exact extent of its mask; masks do not overlap (objects are placed 2 px apart).
+        Each label is the exact extent of its mask; masks do not overlap (objects are placed ``_GAP`` px apart).
     """
     img = _background(rng, h, w)
     occupied = np.zeros((h, w), bool)
-    labels, masks = [], []
-    hi = max(min_size + 1, min(max_size, int(0.6 * min(h, w))))
+    classes, corners, masks = [], [], []
+    hi = max(min_size + 1, min(max_size, int(_MAX_OBJECT_FRACTION * min(h, w))))
     n_target = int(rng.integers(1, max_objects + 1))
-    for _ in range(n_target * 20):  # rejection sampling of non-overlapping boxes
-        if len(labels) == n_target:
+    for _ in range(n_target * _TRIES_PER_OBJECT):  # rejection sampling of non-overlapping boxes
+        if len(classes) == n_target:
             break
         cls = int(rng.integers(len(NAMES)))
         bw, bh = (int(v) for v in rng.integers(min_size, hi + 1, size=2))
-        if cls == 3 or cls == 1:  # keep crosses and ellipses from degenerating into bars
+        if NAMES[cls] in ("cross", "ellipse"):  # keep them from degenerating into bars
             bh = int(np.clip(bh, bw // 2, min(bw * 2, hi)))
         x1, y1 = int(rng.integers(0, w - bw + 1)), int(rng.integers(0, h - bh + 1))
-        if occupied[max(y1 - 2, 0) : y1 + bh + 2, max(x1 - 2, 0) : x1 + bw + 2].any():
+        if occupied[max(y1 - _GAP, 0) : y1 + bh + _GAP, max(x1 - _GAP, 0) : x1 + bw + _GAP].any():
             continue
         local = _draw_mask(cls, rng, bw, bh)
         ys, xs = np.nonzero(local)
@@ -103,10 +121,12 @@ def render_sample(
         mask = np.zeros((h, w), bool)
         mask[y1 : y1 + bh, x1 : x1 + bw] = local
         # pixel-edge extents of the drawn pixels
-        bx1, bx2, by1, by2 = x1 + xs.min(), x1 + xs.max() + 1, y1 + ys.min(), y1 + ys.max() + 1
-        labels.append([cls, (bx1 + bx2) / 2 / w, (by1 + by2) / 2 / h, (bx2 - bx1) / w, (by2 - by1) / h])
+        corners.append((x1 + xs.min(), y1 + ys.min(), x1 + xs.max() + 1, y1 + ys.max() + 1))
+        classes.append(cls)
         masks.append(mask)
-    return img, np.asarray(labels, np.float32).reshape(-1, 5), masks
+    xywhn = xyxy_to_xywhn(np.asarray(corners, np.float64).reshape(-1, 4), w, h, clip=False)
+    labels = np.concatenate((np.asarray(classes, np.float64).reshape(-1, 1), xywhn), 1).astype(np.float32)
+    return img, labels, masks
 
 
 def _image_size(rng: np.random.Generator, min_side: int, max_side: int) -> tuple[int, int]:
@@ -125,16 +145,15 @@ def _write_image(root: Path, split: str, i: int, seed: int, min_side: int, max_s
     if not ok:
         raise RuntimeError(f"JPEG encoding failed for synthetic image {split}/{i}")
     stem = f"{split}_{i:06d}"
-    (root / "images" / split / f"{stem}.jpg").write_bytes(buf.tobytes())
-    rows = "".join(f"{int(c)} {cx:.6f} {cy:.6f} {bw:.6f} {bh:.6f}\n" for c, cx, cy, bw, bh in labels.tolist())
-    (root / "labels" / split / f"{stem}.txt").write_text(rows)
+    (root / IMAGES_DIR / split / f"{stem}.jpg").write_bytes(buf.tobytes())
+    (root / LABELS_DIR / split / f"{stem}{LABEL_SUFFIX}").write_text(format_labels(labels.tolist()))
 
 
 def _write_split(root: Path, split: str, n: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
-    (root / "images" / split).mkdir(parents=True, exist_ok=True)
-    (root / "labels" / split).mkdir(parents=True, exist_ok=True)
+    (root / IMAGES_DIR / split).mkdir(parents=True, exist_ok=True)
+    (root / LABELS_DIR / split).mkdir(parents=True, exist_ok=True)
     # Threads: JPEG encoding and most numpy work release the GIL; every image has its own generator.
-    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max(1, min(_WRITE_THREADS, os.cpu_count() or 1))) as pool:
         list(pool.map(lambda i: _write_image(root, split, i, seed, min_side, max_side, quality), range(n)))
 
 
@@ -142,8 +161,7 @@ def _data_yaml(names: Sequence[str]) -> str:
     lines = [
         "# Synthetic shapes dataset generated by yolo5l.data.synthetic.ensure_synthetic",
         "path: .",
-        "train: images/train",
-        "val: images/val",
+        *(f"{split}: {IMAGES_DIR}/{split}" for split in _SPLITS),
         "names:",
     ]
     lines += [f"  {i}: {n}" for i, n in enumerate(names)]
@@ -152,15 +170,15 @@ def _data_yaml(names: Sequence[str]) -> str:
 
 def _is_complete(root: Path, params: dict) -> bool:
     try:
-        return json.loads((root / MARKER).read_text()) == params and (root / "data.yaml").is_file()
+        return json.loads((root / MARKER).read_text()) == params and (root / DATA_YAML).is_file()
     except (OSError, ValueError):
         return False
 
 
 def ensure_synthetic(
     root: str | os.PathLike | None = None,
-    num_train: int = 512,
-    num_val: int = 128,
+    num_train: int = DEFAULT_NUM_TRAIN,
+    num_val: int = DEFAULT_NUM_VAL,
     seed: int = 0,
     min_side: int = 240,
     max_side: int = 400,
@@ -169,7 +187,7 @@ def ensure_synthetic(
     """Generate the synthetic dataset once (or reuse it) and return its dataset yaml.
 
     Args:
-        root: Dataset folder; default ``datasets/synthetic`` under the current directory.
+        root: Dataset folder; default :data:`DEFAULT_ROOT`.
         num_train: Train images.
         num_val: Val images.
         seed: Generation seed; the same parameters always give the same files.
@@ -180,7 +198,7 @@ def ensure_synthetic(
     Returns:
         Path of ``<root>/data.yaml`` (ultralytics layout: images/{train,val}, labels/{train,val}).
     """
-    root = Path(root if root is not None else Path("datasets") / "synthetic").absolute()
+    root = Path(root if root is not None else DEFAULT_ROOT).absolute()
     params = {
         "version": _FORMAT_VERSION,
         "num_train": int(num_train),
@@ -191,15 +209,17 @@ def ensure_synthetic(
         "quality": int(quality),
     }
     if _is_complete(root, params):
-        return root / "data.yaml"
-    if min_side < 2 * 20 + 4 or max_side < min_side:
-        raise ValueError(f"need 44 <= min_side <= max_side, got min_side={min_side}, max_side={max_side}")
+        return root / DATA_YAML
+    if min_side < _MIN_IMAGE_SIDE or max_side < min_side:
+        raise ValueError(
+            f"need {_MIN_IMAGE_SIDE} <= min_side <= max_side, got min_side={min_side}, max_side={max_side}"
+        )
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
         _write_split(tmp, "train", num_train, seed, min_side, max_side, quality)
         _write_split(tmp, "val", num_val, seed, min_side, max_side, quality)
-        (tmp / "data.yaml").write_text(_data_yaml(NAMES))
+        (tmp / DATA_YAML).write_text(_data_yaml(NAMES))
         (tmp / MARKER).write_text(json.dumps(params))  # last: marks the dataset complete
         if root.exists() and not _is_complete(root, params):
             # A stale or partial dataset (other parameters, or an interrupted pre-marker layout): move it aside.
@@ -215,7 +235,7 @@ def ensure_synthetic(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return root / "data.yaml"
+    return root / DATA_YAML
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -223,9 +243,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="datasets/synthetic", help="dataset folder")
-    p.add_argument("--num-train", type=int, default=512)
-    p.add_argument("--num-val", type=int, default=128)
+    p.add_argument("--out", default=str(DEFAULT_ROOT), help="dataset folder")
+    p.add_argument("--num-train", type=int, default=DEFAULT_NUM_TRAIN)
+    p.add_argument("--num-val", type=int, default=DEFAULT_NUM_VAL)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     print(ensure_synthetic(a.out, a.num_train, a.num_val, a.seed))
