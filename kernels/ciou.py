@@ -125,7 +125,7 @@ def _ciou_compiled(box1: Tensor, box2: Tensor, eps: float) -> Tensor:
     return _CIoUTorch.apply(box1, box2, eps)
 
 
-def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = 1e-7, backend: str = "auto") -> Tensor:
+def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = reference.EPS, backend: str = "auto") -> Tensor:
     """Complete IoU of element-wise pairs of ``[cx, cy, w, h]`` boxes, fused forward and backward.
 
     Same semantics as :func:`yolo5l_kernels.reference.ciou_xywh` (formula in its docstring); the gradient flows

@@ -14,8 +14,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["ciou_xywh", "ciou_xyxy", "xywh_to_xyxy", "xyxy_to_xywh"]
+__all__ = ["EPS", "ciou_xywh", "ciou_xyxy", "xywh_to_xyxy", "xyxy_to_xywh"]
 
+EPS = 1e-7  # YOLOv5's bbox_iou eps: the default stabiliser of every CIoU here and in yolo5l_kernels.ciou
 # 4 / pi^2, the normalisation of the CIoU aspect-ratio term v.
 _V_SCALE = 4.0 / math.pi**2
 
@@ -73,7 +74,7 @@ def _ciou_from_parts(
     return iou - (rho2 / c2 + v * alpha)
 
 
-def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = 1e-7) -> Tensor:
+def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = EPS) -> Tensor:
     """Complete IoU of element-wise pairs of ``[cx, cy, w, h]`` boxes (the CIoU, not the loss ``1 - CIoU``).
 
     With corners derived from centre and size::
@@ -106,7 +107,7 @@ def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = 1e-7) -> Tensor:
     )
 
 
-def ciou_xyxy(box1: Tensor, box2: Tensor, eps: float = 1e-7) -> Tensor:
+def ciou_xyxy(box1: Tensor, box2: Tensor, eps: float = EPS) -> Tensor:
     """Complete IoU of element-wise pairs of ``[x1, y1, x2, y2]`` boxes (see :func:`ciou_xywh` for the formula).
 
     Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(xywh=False, CIoU=True)``.

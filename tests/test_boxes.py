@@ -4,13 +4,13 @@ import pytest
 import torch
 from torchvision.ops import batched_nms
 
-from yolo5l.boxes import clip_boxes, non_max_suppression, scale_boxes, xywh2xyxy
+from yolo5l.boxes import clip_boxes, non_max_suppression, scale_boxes, xywh_to_xyxy
 
 
-def test_xywh2xyxy_hand_values():
+def test_xywh_to_xyxy_hand_values():
     x = torch.tensor([[10.0, 20.0, 4.0, 6.0], [0.0, 0.0, 2.0, 2.0]])
     expected = torch.tensor([[8.0, 17.0, 12.0, 23.0], [-1.0, -1.0, 1.0, 1.0]])
-    torch.testing.assert_close(xywh2xyxy(x), expected)
+    torch.testing.assert_close(xywh_to_xyxy(x), expected)
 
 
 def test_clip_boxes_in_place():
@@ -97,7 +97,7 @@ def test_nms_matches_torchvision_batched_nms_per_image():
         scores = x[:, 5:] * x[:, 4:5]
         i, j = (scores > 0.001).nonzero(as_tuple=True)
         i, j = i[x[i, 4] > 0.001], j[x[i, 4] > 0.001]
-        boxes, conf = xywh2xyxy(x[i, :4]), scores[i, j]
+        boxes, conf = xywh_to_xyxy(x[i, :4]), scores[i, j]
         top = conf.argsort(descending=True)[:30000]
         keep = batched_nms(boxes[top], conf[top], j[top], 0.6)[:300]
         torch.testing.assert_close(g[:, 4], conf[top][keep])
@@ -114,7 +114,7 @@ def test_nms_looks_past_the_best_candidates_until_max_det_survive():
     obj = (1 - 0.04 * torch.arange(20).repeat_interleave(10) - 0.001 * torch.rand(200))[:, None]
     pred = torch.cat((xy, torch.full((200, 2), 30.0), obj, torch.ones(200, 1)), 1)[None]
     (got,) = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.5, max_det=8)
-    boxes, scores = xywh2xyxy(pred[0, :, :4]), pred[0, :, 4]
+    boxes, scores = xywh_to_xyxy(pred[0, :, :4]), pred[0, :, 4]
     keep = batched_nms(boxes, scores, torch.zeros(200, dtype=torch.int64), 0.5)[:8]
     assert got.shape == (8, 6)
     torch.testing.assert_close(got[:, :4], boxes[keep])

@@ -21,7 +21,7 @@ aten = torch.ops.aten
 
 
 def _ciou_py(b1, b2, eps=1e-7):
-    """CIoU of two (cx, cy, w, h) boxes, written out on floats (the formula of the reference A.5)."""
+    """CIoU of two (cx, cy, w, h) boxes, written out on floats (ultralytics/yolov5 v7.0 utils/metrics.py::bbox_iou)."""
     (x1, y1, w1, h1), (x2, y2, w2, h2) = b1, b2
     l1, r1, t1, d1 = x1 - w1 / 2, x1 + w1 / 2, y1 - h1 / 2, y1 + h1 / 2
     l2, r2, t2, d2 = x2 - w2 / 2, x2 + w2 / 2, y2 - h2 / 2, y2 + h2 / 2
@@ -322,6 +322,8 @@ def test_constructor_validation():
     with pytest.raises(ValueError, match="balance"):
         YOLOv5Loss(3, ANCHORS_64[:2], STRIDES[:2])
     assert YOLOv5Loss(3, ANCHORS_64[:2], STRIDES[:2], balance=None).balance == (4.0, 1.0)
+    with pytest.raises(ValueError, match="ciou_backend must be one of"):
+        YOLOv5Loss(3, ANCHORS_64, STRIDES, ciou_backend="fallback")
     loss = YOLOv5Loss(3, ANCHORS_64, STRIDES)
     with pytest.raises(ValueError, match="head 0"):
         loss([torch.zeros(1, 3, 8, 8, 7)] * 3, torch.zeros(0, 6))
@@ -368,7 +370,7 @@ def test_from_real_model():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Parity oracle: a straightforward sync-full ComputeLoss written from the reference description (A.5)
+# Parity oracle: a straightforward sync-full ComputeLoss after ultralytics/yolov5 v7.0 utils/loss.py::ComputeLoss
 # --------------------------------------------------------------------------------------------------------------
 
 _OFFSETS = [(0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (-0.5, 0.0), (0.0, -0.5)]  # centre, left, top, right, bottom

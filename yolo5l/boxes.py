@@ -1,7 +1,10 @@
-"""Box post-processing: format conversion, non-maximum suppression, mapping boxes back to the original image.
+"""Box post-processing: non-maximum suppression, mapping boxes back to the original image.
 
 Validation and prediction only: NMS output sizes depend on the data, so these functions sync the host (boolean
 masks, `nonzero`) and never run inside the training step.
+
+The torch box-format conversion is `yolo5l_kernels.reference.xywh_to_xyxy` (the lowest layer, shared with the
+fused kernels), re-exported here.
 
 Reference: ultralytics/yolov5 v7.0 `utils/general.py` (`non_max_suppression`, `scale_boxes`, `clip_boxes`).
 """
@@ -13,15 +16,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 from torchvision.ops import nms
+from yolo5l_kernels.reference import xywh_to_xyxy
 
-__all__ = ["clip_boxes", "non_max_suppression", "scale_boxes", "xywh2xyxy"]
+__all__ = ["clip_boxes", "non_max_suppression", "scale_boxes", "xywh_to_xyxy"]
 
+# The old name yolo5l/module.py still imports: the same function, not a second definition.
+xywh2xyxy = xywh_to_xyxy
 
-def xywh2xyxy(x: Tensor) -> Tensor:
-    """Convert (..., 4) centre boxes [cx, cy, w, h] to corner boxes [x1, y1, x2, y2]."""
-    xy, wh = x[..., :2], x[..., 2:4]
-    half = wh / 2
-    return torch.cat((xy - half, xy + half), dim=-1)
+# _nms_best_first: the best _NMS_FIRST_TAKE x max_det candidates of an image first, _NMS_GROWTH x as many a retry.
+_NMS_FIRST_TAKE, _NMS_GROWTH = 2, 4
 
 
 def clip_boxes(boxes: Tensor, shape: Sequence[int]) -> Tensor:
@@ -85,13 +88,13 @@ def _nms_best_first(
 ) -> list[Tensor]:
     """Class-aware NMS image by image over candidates grouped by image and sorted best first; kept indices per image.
 
-    One `torchvision.ops.nms` call per image (NMS is quadratic in the boxes of a call: one call over a whole batch
-    early in training, B x thousands of boxes, took seconds), with classes kept apart by offsetting boxes by
-    class x span, the trick of `torchvision.ops.batched_nms` (which itself loops over classes above 4k boxes on
-    the CPU). Greedy NMS on the n best candidates keeps exactly what NMS over all of them keeps among those n (a
-    box is only ever suppressed by a better-scoring one), so each image first gets its best 2 x `max_det` and 4x
-    as many only while fewer than `max_det` survive: early in training, with thousands of candidates per image
-    at conf 0.001, that halves the NMS cost or better. Same result as NMS on everything up to exactly tied scores.
+    One `torchvision.ops.nms` call per image, since NMS is quadratic in the boxes of a call and early in training a
+    batch holds B x thousands of candidates; classes are kept apart by offsetting boxes by class x span, the trick
+    of `torchvision.ops.batched_nms` (which itself loops over classes above a few thousand boxes on the CPU).
+    Greedy NMS on the n best candidates keeps exactly what NMS over all of them keeps among those n (a box is only
+    ever suppressed by a better-scoring one), so each image first gets its best `_NMS_FIRST_TAKE` x `max_det` and
+    `_NMS_GROWTH` x as many only while fewer than `max_det` survive: with thousands of candidates per image at a low
+    confidence threshold, most of them never enter NMS. Same result as NMS on everything up to exactly tied scores.
     """
     if boxes.numel() == 0:
         return [torch.empty(0, dtype=torch.int64, device=boxes.device) for _ in counts]
@@ -99,12 +102,12 @@ def _nms_best_first(
     shifted = boxes + (cls.to(boxes.dtype) * span)[:, None]
     kept, start = [], 0
     for count in counts:
-        n = min(count, 2 * max_det)
+        n = min(count, _NMS_FIRST_TAKE * max_det)
         while True:
             keep = nms(shifted[start : start + n], scores[start : start + n], iou_thres)
             if keep.numel() >= max_det or n == count:
                 break
-            n = min(count, 4 * n)
+            n = min(count, _NMS_GROWTH * n)
         kept.append(keep[:max_det] + start)
         start += count
     return kept
@@ -154,7 +157,7 @@ def non_max_suppression(
     img, anc = (prediction[..., 4] > conf_thres).nonzero(as_tuple=True)
     cand = prediction[img, anc]  # (M, 5 + C)
     scores = cand[:, 5:] * cand[:, 4:5]  # (M, C) obj x cls
-    boxes = xywh2xyxy(cand[:, :4])
+    boxes = xywh_to_xyxy(cand[:, :4])
     if multi_label:
         row, cls = (scores > conf_thres).nonzero(as_tuple=True)
         conf = scores[row, cls]

@@ -5,77 +5,40 @@ intermediate shape depend on the data and costs several device-to-host syncs per
 (target x anchor x 5 cell offsets) is kept, with a 0/1 validity weight, so all shapes depend only on the number of
 targets N and the loss runs without a single sync (and compiles as one graph).
 
-Reference: ultralytics/yolov5 v7.0 ``utils/loss.py::ComputeLoss`` and ``build_targets``; gains rescaled as in
-``train.py``; /work/shared/reference/yolov5-v7.md sections A.4 and A.5.
+The CIoU is ``yolo5l_kernels.ciou.ciou_xywh`` (fused forward and backward; ``ciou_backend="reference"`` selects
+the pure-torch ``yolo5l_kernels.reference.ciou_xywh``).
+
+Reference: ultralytics/yolov5 v7.0 ``utils/loss.py::ComputeLoss`` and ``ComputeLoss.build_targets``; the gains are
+rescaled as ``train.py`` does; the constructor's default gains are those of ``data/hyps/hyp.scratch-low.yaml``.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from yolo5l_kernels.ciou import BACKENDS as CIOU_BACKENDS
+from yolo5l_kernels.ciou import ciou_xywh
 
 __all__ = ["YOLOv5Loss"]
 
-# ultralytics' default objectness balance for nl != 3 (P3-P7); for nl == 3 it is (4.0, 1.0, 0.4).
-_BALANCE_BY_NL = {3: (4.0, 1.0, 0.4)}
+# ultralytics' objectness balance per level: _BALANCE_3 for the levels P3-P5, else the first nl of the P3-P7 list.
+_BALANCE_3 = (4.0, 1.0, 0.4)
 _BALANCE_OTHER = (4.0, 1.0, 0.25, 0.06, 0.02)
 
-# Cell offsets of build_targets, in the row order ultralytics uses: centre, left, top, right, bottom.
-# gij = (gxy - offset).long(), so +0.5 picks the cell to the left/top and -0.5 the one to the right/bottom.
-_OFFSETS = ((0.0, 0.0), (0.5, 0.0), (0.0, 0.5), (-0.5, 0.0), (0.0, -0.5))
+# Cell offsets of build_targets, in the row order ultralytics uses: centre, left, top, right, bottom, each scaled
+# by the bias g. gij = (gxy - offset).long(), so +g picks the cell to the left/top and -g the one to the right/bottom.
 _NEIGHBOUR_BIAS = 0.5
+_OFFSETS = tuple((_NEIGHBOUR_BIAS * x, _NEIGHBOUR_BIAS * y) for x, y in ((0, 0), (1, 0), (0, 1), (-1, 0), (0, -1)))
+_NUM_OFFSETS = len(_OFFSETS)
 
-_CiouFn = Callable[[Tensor, Tensor], Tensor]
-
-
-def _fallback_ciou_xywh(box1: Tensor, box2: Tensor, eps: float = 1e-7) -> Tensor:
-    """CIoU of element-wise (N, 4) ``[cx, cy, w, h]`` pairs; used only when ``yolo5l_kernels`` lacks one.
-
-    Same formula as ``yolo5l_kernels.reference.ciou_xywh`` (alpha without gradient, +eps on heights in the
-    aspect term). Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(xywh=True, CIoU=True)``.
-    """
-    x1, y1, w1, h1 = box1.unbind(-1)
-    x2, y2, w2, h2 = box2.unbind(-1)
-    b1x1, b1x2, b1y1, b1y2 = x1 - w1 / 2, x1 + w1 / 2, y1 - h1 / 2, y1 + h1 / 2
-    b2x1, b2x2, b2y1, b2y2 = x2 - w2 / 2, x2 + w2 / 2, y2 - h2 / 2, y2 + h2 / 2
-    inter = (torch.minimum(b1x2, b2x2) - torch.maximum(b1x1, b2x1)).clamp(min=0) * (
-        torch.minimum(b1y2, b2y2) - torch.maximum(b1y1, b2y1)
-    ).clamp(min=0)
-    iou = inter / (w1 * h1 + w2 * h2 - inter + eps)
-    cw = torch.maximum(b1x2, b2x2) - torch.minimum(b1x1, b2x1)
-    ch = torch.maximum(b1y2, b2y2) - torch.minimum(b1y1, b2y1)
-    c2 = cw**2 + ch**2 + eps
-    rho2 = ((b2x1 + b2x2 - b1x1 - b1x2) ** 2 + (b2y1 + b2y2 - b1y1 - b1y2) ** 2) / 4
-    v = (4 / math.pi**2) * (torch.atan(w2 / (h2 + eps)) - torch.atan(w1 / (h1 + eps))) ** 2
-    with torch.no_grad():
-        alpha = v / (v - iou + (1 + eps))
-    return iou - (rho2 / c2 + v * alpha)
-
-
-def _resolve_ciou(backend: str) -> _CiouFn:
-    """Pick the CIoU implementation: fused ``yolo5l_kernels.ciou``, else the pure-torch reference, else a fallback."""
-    try:
-        from yolo5l_kernels.ciou import ciou_xywh as fused
-    except ImportError:
-        fused = None
-    if fused is not None:
-        return functools.partial(fused, backend=backend)
-    if backend not in ("auto", "reference"):
-        raise ValueError(
-            f"yolo5l/loss.py: ciou_backend={backend!r} needs yolo5l_kernels.ciou, which is not installed; "
-            "use ciou_backend='auto' or 'reference'"
-        )
-    try:
-        from yolo5l_kernels.reference import ciou_xywh as reference
-    except ImportError:
-        return _fallback_ciou_xywh
-    return reference
+_FOCAL_ALPHA = 0.25  # YOLOv5's FocalLoss alpha
+# train.py rescales the hyp gains from the setting they were tuned for: levels, image size, COCO's class count.
+_TUNED_LEVELS, _TUNED_IMGSZ, _TUNED_CLASSES = 3, 640, 80
 
 
 def _bce_with_logits(logits: Tensor, target: Tensor, pos_weight: Tensor, gamma: float, alpha: float) -> Tensor:
@@ -141,17 +104,17 @@ class YOLOv5Loss(nn.Module):
         num_classes: number of classes C (heads have 5 + C channels).
         anchors: (nl, na, 2) anchor sizes in grid units of each level (pixels / stride), as the model stores them.
         strides: (nl,) strides of the levels (kept for reference; the loss works in grid units).
-        box: box gain from the hyperparameters, before rescaling (``box *= 3 / nl``).
-        obj: objectness gain before rescaling (``obj *= (imgsz / 640)^2 * 3 / nl``).
-        cls: class gain before rescaling (``cls *= num_classes / 80 * 3 / nl``).
+        box: box gain from the hyperparameters, before rescaling (``box *= _TUNED_LEVELS / nl``).
+        obj: objectness gain before rescaling (``obj *= (imgsz / _TUNED_IMGSZ)^2 * _TUNED_LEVELS / nl``).
+        cls: class gain before rescaling (``cls *= num_classes / _TUNED_CLASSES * _TUNED_LEVELS / nl``).
         anchor_t: anchor-multiple threshold of the shape match.
         label_smoothing: epsilon of the class targets (``cp = 1 - eps/2``, ``cn = eps/2``).
         balance: objectness weight per level; None picks ultralytics' default for nl.
         imgsz: training image size in pixels (scales the objectness gain).
         cls_pw: positive weight of the class BCE.
         obj_pw: positive weight of the objectness BCE.
-        fl_gamma: focal-loss gamma (0 disables it; alpha is 0.25 as in YOLOv5).
-        ciou_backend: passed to ``yolo5l_kernels.ciou.ciou_xywh`` ("auto", "reference", "triton", "cpu").
+        fl_gamma: focal-loss gamma (0 disables it; alpha is ``_FOCAL_ALPHA`` as in YOLOv5).
+        ciou_backend: one of ``yolo5l_kernels.ciou.BACKENDS``, passed to ``yolo5l_kernels.ciou.ciou_xywh``.
 
     Raises:
         ValueError: on inconsistent shapes or out-of-range hyperparameters.
@@ -170,8 +133,8 @@ class YOLOv5Loss(nn.Module):
         cls: float = 0.5,
         anchor_t: float = 4.0,
         label_smoothing: float = 0.0,
-        balance: Sequence[float] | None = (4.0, 1.0, 0.4),
-        imgsz: int = 640,
+        balance: Sequence[float] | None = _BALANCE_3,
+        imgsz: int = _TUNED_IMGSZ,
         cls_pw: float = 1.0,
         obj_pw: float = 1.0,
         fl_gamma: float = 0.0,
@@ -193,8 +156,10 @@ class YOLOv5Loss(nn.Module):
             raise ValueError(f"yolo5l/loss.py: label_smoothing must be in [0, 1), got {label_smoothing}")
         if fl_gamma < 0:
             raise ValueError(f"yolo5l/loss.py: fl_gamma must be >= 0, got {fl_gamma}")
+        if ciou_backend not in CIOU_BACKENDS:
+            raise ValueError(f"yolo5l/loss.py: ciou_backend must be one of {CIOU_BACKENDS}, got {ciou_backend!r}")
         if balance is None:
-            balance = _BALANCE_BY_NL.get(nl, _BALANCE_OTHER[:nl])
+            balance = _BALANCE_3 if nl == len(_BALANCE_3) else _BALANCE_OTHER[:nl]
         balance = tuple(float(b) for b in balance)
         if len(balance) != nl:
             raise ValueError(
@@ -208,14 +173,14 @@ class YOLOv5Loss(nn.Module):
         self.balance = balance
         self.label_smoothing = float(label_smoothing)
         self.cp, self.cn = 1.0 - 0.5 * label_smoothing, 0.5 * label_smoothing
-        self.fl_gamma, self.fl_alpha = float(fl_gamma), 0.25
+        self.fl_gamma, self.fl_alpha = float(fl_gamma), _FOCAL_ALPHA
         # Gains rescaled exactly as ultralytics' train.py does before building ComputeLoss.
-        self.box_gain = float(box) * 3 / nl
-        self.cls_gain = float(cls) * num_classes / 80 * 3 / nl
-        self.obj_gain = float(obj) * (imgsz / 640) ** 2 * 3 / nl
+        self.box_gain = float(box) * _TUNED_LEVELS / nl
+        self.cls_gain = float(cls) * num_classes / _TUNED_CLASSES * _TUNED_LEVELS / nl
+        self.obj_gain = float(obj) * (imgsz / _TUNED_IMGSZ) ** 2 * _TUNED_LEVELS / nl
         self.imgsz = int(imgsz)
         self.ciou_backend = ciou_backend
-        self._ciou = _resolve_ciou(ciou_backend)
+        self._ciou = functools.partial(ciou_xywh, backend=ciou_backend)
         # Non-persistent: derived from the model, so they stay out of checkpoints.
         self.register_buffer("anchors", anchors, persistent=False)
         self.register_buffer("strides", strides, persistent=False)
@@ -282,16 +247,17 @@ class YOLOv5Loss(nn.Module):
         gj = gij[..., 1].clamp(0, height - 1)
         txy = gxy[None] - torch.stack((gi, gj), -1)  # (5, N, 2), box target relative to the (clamped) cell
 
-        shape = (5, na, n)
-        rows = 5 * na * n
+        k = _NUM_OFFSETS
+        shape = (k, na, n)
+        rows = k * na * n
         a_idx = torch.arange(na, device=targets.device)
         return _Candidates(
             image=targets[:, 0].long().expand(shape).reshape(rows),
             anchor=a_idx[None, :, None].expand(shape).reshape(rows),
             gj=gj[:, None].expand(shape).reshape(rows),
             gi=gi[:, None].expand(shape).reshape(rows),
-            tbox=torch.cat((txy[:, None].expand(5, na, n, 2), gwh.expand(5, na, n, 2)), -1).reshape(rows, 4),
-            anchor_wh=anchors[None, :, None].expand(5, na, n, 2).reshape(rows, 2),
+            tbox=torch.cat((txy[:, None].expand(*shape, 2), gwh.expand(*shape, 2)), -1).reshape(rows, 4),
+            anchor_wh=anchors[None, :, None].expand(*shape, 2).reshape(rows, 2),
             cls=targets[:, 1].long().expand(shape).reshape(rows),
             valid=valid.reshape(rows),
         )
