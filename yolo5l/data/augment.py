@@ -25,6 +25,10 @@ import numpy as np
 from yolo5l.data.box_format import xywhn_to_xyxy
 
 FILL = 114  # grey used for every border, as in YOLOv5
+MAX_STRIDE = 32  # the model's largest stride: letterboxed and rectangular batch shapes are multiples of it
+RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's val pad)
+_MIXUP_BETA = 32.0  # mixup ratio r ~ Beta(_MIXUP_BETA, _MIXUP_BETA), as YOLOv5
+_PASTE_MAX_IOA = 0.30  # copy-paste skips a box whose mirror covers this much of an existing box
 
 Rng = np.random.Generator
 
@@ -35,7 +39,7 @@ def _rng(rng: Rng | None) -> Any:
     return np.random if rng is None else rng
 
 
-# hyp.scratch-low.yaml augmentation keys (reference A.4): used when the hyp mapping lacks a key.
+# The augmentation keys of ultralytics/yolov5 v7.0 data/hyps/hyp.scratch-low.yaml: used when the hyp mapping lacks one.
 DEFAULT_HYP: dict[str, float] = {
     "hsv_h": 0.015,
     "hsv_s": 0.7,
@@ -108,7 +112,7 @@ def letterbox(
     color: int = FILL,
     auto: bool = False,
     scaleup: bool = True,
-    stride: int = 32,
+    stride: int = MAX_STRIDE,
 ) -> tuple[np.ndarray, tuple[float, float], tuple[float, float]]:
     """Resize keeping the aspect ratio and pad to ``new_shape`` (h, w) with ``color``.
 
@@ -208,7 +212,7 @@ def random_perspective(
         new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
         new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
         new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-        keep = box_candidates(labels[:, 1:5].T * s, new.T, area_thr=0.10)
+        keep = box_candidates(labels[:, 1:5].T * s, new.T)
         labels = labels[keep]
         labels[:, 1:5] = new[keep]
     return img, labels.astype(np.float32, copy=False)
@@ -217,7 +221,7 @@ def random_perspective(
 def mosaic4(
     images: Sequence[np.ndarray], labels: Sequence[np.ndarray], s: int, center: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Place 4 images around ``center`` on a 2s x 2s canvas filled with 114.
+    """Place 4 images around ``center`` on a 2s x 2s canvas filled with :data:`FILL`.
 
     Image 0 ends at the centre from the top-left, 1 starts there towards the top-right, 2 towards the
     bottom-left, 3 towards the bottom-right; each is cut where it leaves the canvas.
@@ -260,11 +264,11 @@ def mosaic4(
 def mixup(
     im: np.ndarray, labels: np.ndarray, im2: np.ndarray, labels2: np.ndarray, rng: Rng | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Blend two images with r ~ Beta(32, 32) and keep both label sets (Zhang et al., mixup, 2017).
+    """Blend two images with r ~ Beta(``_MIXUP_BETA``, ``_MIXUP_BETA``) and keep both label sets (Zhang et al., 2017).
 
     ``rng``: source of the draw (None: the global ``np.random``).
     """
-    r = _rng(rng).beta(32.0, 32.0)
+    r = _rng(rng).beta(_MIXUP_BETA, _MIXUP_BETA)
     out = (im.astype(np.float32) * r + im2.astype(np.float32) * (1 - r)).astype(np.uint8)
     return out, np.concatenate((labels, labels2), 0)
 
@@ -281,9 +285,10 @@ def copy_paste_boxes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Copy-paste for box labels (a simplified YOLOv5 copy_paste, which needs polygon segments).
 
-    YOLOv5 pastes left-right-mirrored segments at their mirrored position when they cover less than 30 % of
-    any existing box. Without segments this pastes the mirrored rectangular crop of a box instead, under the
-    same rule: each box with probability ``p``, at x -> w - x, if its IoA with every existing box is < 0.30.
+    YOLOv5 pastes left-right-mirrored segments at their mirrored position when they cover less than
+    ``_PASTE_MAX_IOA`` of any existing box. Without segments this pastes the mirrored rectangular crop of a box
+    instead, under the same rule: each box with probability ``p``, at x -> w - x, if its IoA with every existing
+    box is below ``_PASTE_MAX_IOA``.
 
     Args:
         img: HWC uint8, modified in place.
@@ -302,7 +307,7 @@ def copy_paste_boxes(
         c, x1, y1, x2, y2 = labels[j]
         box = np.array([w - x2, y1, w - x1, y2], dtype=np.float32)
         current = np.concatenate(new, 0)[:, 1:5]
-        if (_ioa(box, current) < 0.30).all():
+        if (_ioa(box, current) < _PASTE_MAX_IOA).all():
             xa, ya, xb, yb = (round(float(v)) for v in (x1, y1, x2, y2))
             if xb - xa < 1 or yb - ya < 1:
                 continue
@@ -374,7 +379,7 @@ def flip_lr(img: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Mirror left-right; ``labels`` (n, 5) normalised [cls, cx, cy, w, h] updated in place."""
     if len(labels):
         labels[:, 1] = 1 - labels[:, 1]
-    return cv2.flip(img, 1)  # SIMD: ~40x faster than copying numpy's reversed view (0.48 ms at 320x320x3)
+    return cv2.flip(img, 1)  # a SIMD copy: far cheaper than materialising numpy's reversed view
 
 
 def flip_ud(img: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -385,7 +390,9 @@ def flip_ud(img: np.ndarray, labels: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------- rect batches
-def rect_batch_shapes(shapes_hw: np.ndarray, batch_size: int, imgsz: int, stride: int = 32, pad: float = 0.5):
+def rect_batch_shapes(
+    shapes_hw: np.ndarray, batch_size: int, imgsz: int, stride: int = MAX_STRIDE, pad: float = RECT_PAD
+) -> tuple[np.ndarray, np.ndarray]:
     """Order images by aspect ratio and give each batch one letterbox shape.
 
     Args:

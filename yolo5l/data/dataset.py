@@ -71,8 +71,8 @@ class YOLODataset(Dataset):
         batch_size: int = 16,
         cache: str = "none",
         cache_dir: str | None = None,
-        stride: int = 32,
-        pad: float = 0.5,
+        stride: int = aug.MAX_STRIDE,
+        pad: float = aug.RECT_PAD,
         prefix: str = "",
     ) -> None:
         if imgsz % stride:
