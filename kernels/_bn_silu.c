@@ -2,7 +2,7 @@
  *
  * The tensors are channels_last, so memory is a row-major [M = N*H*W, C] matrix and every inner loop runs over
  * contiguous channels, which the compiler vectorises (built with -O3 -march=native -fno-trapping-math; see
- * bn_silu.py), or, where the CPU has AVX-512, the intrinsics below. Statistics and gradient sums accumulate in
+ * _bn_silu_build.py), or, where the CPU has AVX-512, the intrinsics below. Statistics and gradient sums accumulate in
  * float over blocks of BLOCK rows, then in double.
  *
  * Forward:  mean, var over (N, H, W) per channel (shifted by the first row against cancellation);
@@ -23,6 +23,15 @@
 #include <string.h>
 
 #define BLOCK 64
+
+/* 1 where built with OpenMP (the kernels run on nt threads), else 0 (on one thread; nt is ignored). */
+int bn_silu_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 static inline float bf16_load(const uint16_t *p) {
     uint32_t u = (uint32_t)(*p) << 16;
