@@ -6,10 +6,15 @@ bound by a vector division. ``_bn_silu.c`` makes two passes each way, recomputes
 of storing it, and uses a polynomial exp and a Newton reciprocal. Measured on yolov5s's 57 BN layers at 320 px,
 batch 16, bf16 (``python scripts/bench_kernels.py --only bn_silu``), see the README's "Speed" section.
 
-The C file is compiled on first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -march=native
--fno-trapping-math -fopenmp``) into ``$XDG_CACHE_HOME/yolo5l/kernels`` (about a second), keyed by the source, the
-flags, the compiler and the CPU; it links the OpenMP runtime torch already loaded. Without a compiler, or on any
-other device, dtype, layout or in eval mode, :func:`bn_silu` computes the same thing with PyTorch ops.
+The kernels are the PyTorch operators ``torch.ops.yolo5l.bn_silu_fwd`` and ``torch.ops.yolo5l.bn_silu_bwd``
+(``torch.library.custom_op``, CPU only, with fake implementations and an autograd formula), so the dispatcher,
+autograd and ``torch.compile`` treat each as one op: under ``torch.compile`` they stay in the graph, forward and
+backward. They are functional; :func:`bn_silu` updates the BatchNorm's running statistics and
+``num_batches_tracked`` from the batch statistics the forward returns, with ordinary in-place ops on the buffers
+that dynamo records like ``nn.BatchNorm2d``'s own.
+
+The C file is compiled on first use (see ``_bn_silu_build``). Without a compiler, or on any other device, dtype,
+layout or in eval mode, :func:`bn_silu` computes the same thing with PyTorch ops.
 
 Results: fp32 agrees with ``F.silu(F.batch_norm(...))`` to ~1e-6 relative; bf16 to one bf16 rounding (the
 unfused path rounds y to bf16 before the SiLU, this does not). Running statistics follow ``nn.BatchNorm2d``
@@ -19,104 +24,23 @@ unfused path rounds y to bf16 before the SiLU, this does not). Running statistic
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from yolo5l_kernels import _bn_silu_build as build
 
-__all__ = ["bn_silu", "fused_available", "load_library", "supports"]
-
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("_bn_silu.c")
-CFLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared")
-_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
-
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_error: str | None = None  # why the library is unavailable, once tried
+__all__ = ["bn_silu", "bn_silu_bwd", "bn_silu_fwd", "fused_available", "supports"]
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(root) / "yolo5l" / "kernels"
-
-
-def _cpu_id() -> str:
-    """What -march=native depends on: the CPU's model and flags (Linux), else the platform's description."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() + platform.machine()
-
-
-def _compile(cc: str, out: Path, flags: tuple[str, ...] = CFLAGS) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed on {SOURCE}:\n{proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)  # atomic: concurrent ranks compile side by side, one file wins
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _bind(lib: ctypes.CDLL) -> None:
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    for sfx in _DTYPES.values():
-        getattr(lib, f"bn_stats_{sfx}").argtypes = [p, i64, i64, p, p, i32]
-        getattr(lib, f"bn_silu_fwd_{sfx}").argtypes = [p, p, i64, i64, p, p, p, p, i32]
-        getattr(lib, f"bn_silu_bwd_{sfx}").argtypes = [p, p, p, i64, i64, p, p, p, p, p, p, i32]
-        for name in ("bn_stats", "bn_silu_fwd", "bn_silu_bwd"):
-            getattr(lib, f"{name}_{sfx}").restype = i32
-
-
-def load_library() -> ctypes.CDLL | None:
-    """The compiled kernels (compiled and cached on first call), or None with the reason logged once."""
-    global _lib, _error
-    if _lib is not None or _error is not None:
-        return _lib
-    with _lock:
-        if _lib is not None or _error is not None:
-            return _lib
-        cc = os.environ.get("CC") or "cc"
-        try:
-            if shutil.which(cc) is None:
-                raise RuntimeError(f"no C compiler ({cc!r} not on PATH; set CC)")
-            version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-            key = hashlib.sha256(
-                "\0".join([SOURCE.read_text(), " ".join(CFLAGS), version, _cpu_id()]).encode()
-            ).hexdigest()[:16]
-            path = _cache_dir() / f"bn_silu-{key}.so"
-            if not path.exists():
-                _compile(cc, path)
-            lib = ctypes.CDLL(str(path))
-            _bind(lib)
-            _lib = lib
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            _error = str(e)
-            log.warning("fused BatchNorm+SiLU kernel unavailable, using PyTorch ops: %s", _error)
-    return _lib
-
-
+# Under torch.compile dynamo calls this once while tracing and keeps the answer as a constant; traced, the loader
+# (a lock, a compiler subprocess) would break the graph. The decorator imports torch._dynamo, which any call of a
+# torch.library custom op in eager mode imports anyway.
+@torch.compiler.assume_constant_result
 def fused_available() -> bool:
     """Whether the CPU kernel compiled and loaded (compiling it on the first call)."""
-    return load_library() is not None
+    return build.load_library() is not None
 
 
 def supports(x: Tensor, bn: nn.Module) -> bool:
@@ -129,18 +53,20 @@ def supports(x: Tensor, bn: nn.Module) -> bool:
         and bn.momentum is not None
         and bn.weight.dtype == torch.float32
         and x.device.type == "cpu"
-        and x.dtype in _DTYPES
+        and x.dtype in build.DTYPES
         and x.dim() == 4
         and x.numel() > 0
         and x.shape[0] * x.shape[2] * x.shape[3] > 1
         and x.is_contiguous(memory_format=torch.channels_last)
-        and not torch.compiler.is_compiling()
-        and load_library() is not None
+        and fused_available()
     )
 
 
-def _ptr(t: Tensor) -> int:
-    return t.data_ptr()
+def _library() -> ctypes.CDLL:
+    lib = build.load_library()
+    if lib is None:
+        raise RuntimeError(f"yolo5l::bn_silu: the CPU kernel is unavailable ({build.error()})")
+    return lib
 
 
 def _check(rc: int, what: str) -> None:
@@ -148,70 +74,111 @@ def _check(rc: int, what: str) -> None:
         raise MemoryError(f"fused BatchNorm+SiLU {what}: out of host memory for its per-thread buffers")
 
 
-class _BNSiLU(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor,
-        running_mean: Tensor,
-        running_var: Tensor,
-        momentum: float,
-        eps: float,
-    ) -> Tensor:
-        lib = load_library()
-        assert lib is not None
-        n, c, h, w = x.shape
-        m = n * h * w
-        sfx = _DTYPES[x.dtype]
-        nt = torch.get_num_threads()
-        mean = torch.empty(c, dtype=torch.float32)
-        var = torch.empty(c, dtype=torch.float32)
-        _check(getattr(lib, f"bn_stats_{sfx}")(_ptr(x), m, c, _ptr(mean), _ptr(var), nt), "statistics")
-        invstd = (var + eps).rsqrt_()
-        wt, bs = weight.detach().contiguous(), bias.detach().contiguous()
-        z = torch.empty_like(x, memory_format=torch.channels_last)
-        fwd = getattr(lib, f"bn_silu_fwd_{sfx}")
-        _check(fwd(_ptr(x), _ptr(z), m, c, _ptr(mean), _ptr(invstd), _ptr(wt), _ptr(bs), nt), "forward")
-        with torch.no_grad():
-            running_mean.lerp_(mean, momentum)
-            running_var.lerp_(var * (m / (m - 1)), momentum)  # unbiased, as nn.BatchNorm2d
-        ctx.save_for_backward(x, mean, invstd, wt, bs)
-        return z
+@torch.library.custom_op("yolo5l::bn_silu_fwd", mutates_args=(), device_types="cpu")
+def bn_silu_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``silu(batch_norm(x))`` with batch statistics, and those statistics.
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, gz: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        lib = load_library()
-        assert lib is not None
-        x, mean, invstd, wt, bs = ctx.saved_tensors
-        n, c, h, w = x.shape
-        gz = gz.to(x.dtype).contiguous(memory_format=torch.channels_last)
-        dx = torch.empty_like(x, memory_format=torch.channels_last)
-        gw = torch.empty(c, dtype=torch.float32)
-        gb = torch.empty(c, dtype=torch.float32)
-        rc = getattr(lib, f"bn_silu_bwd_{_DTYPES[x.dtype]}")(
-            _ptr(gz),
-            _ptr(x),
-            _ptr(dx),
-            n * h * w,
-            c,
-            _ptr(mean),
-            _ptr(invstd),
-            _ptr(wt),
-            _ptr(bs),
-            _ptr(gw),
-            _ptr(gb),
-            torch.get_num_threads(),
-        )
-        _check(rc, "backward")
-        need = ctx.needs_input_grad
-        return (dx if need[0] else None, gw if need[1] else None, gb if need[2] else None, None, None, None, None)
+    Args:
+        x: (N, C, H, W) bf16 or fp32 input; the kernel reads it channels_last (copied there if it is not).
+        weight: (C,) fp32 BatchNorm weight.
+        bias: (C,) fp32 BatchNorm bias.
+        eps: BatchNorm epsilon.
+
+    Returns:
+        z: (N, C, H, W) channels_last, x's dtype.
+        mean: (C,) fp32 batch mean.
+        var: (C,) fp32 biased batch variance.
+    """
+    lib = _library()
+    x = x.contiguous(memory_format=torch.channels_last)
+    n, c, h, w = x.shape
+    m = n * h * w
+    sfx = build.DTYPES[x.dtype]
+    nt = torch.get_num_threads()
+    mean = torch.empty(c, dtype=torch.float32)
+    var = torch.empty(c, dtype=torch.float32)
+    _check(getattr(lib, f"bn_stats_{sfx}")(x.data_ptr(), m, c, mean.data_ptr(), var.data_ptr(), nt), "statistics")
+    invstd = (var + eps).rsqrt_()
+    wt, bs = weight.contiguous(), bias.contiguous()
+    z = torch.empty_like(x, memory_format=torch.channels_last)
+    p = [t.data_ptr() for t in (mean, invstd, wt, bs)]
+    _check(getattr(lib, f"bn_silu_fwd_{sfx}")(x.data_ptr(), z.data_ptr(), m, c, *p, nt), "forward")
+    return z, mean, var
+
+
+@bn_silu_fwd.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    c = x.shape[1]
+    stat = x.new_empty(c, dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.channels_last), stat, torch.empty_like(stat)
+
+
+@torch.library.custom_op("yolo5l::bn_silu_bwd", mutates_args=(), device_types="cpu")
+def bn_silu_bwd(
+    gz: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, var: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`bn_silu_fwd`'s ``z`` with respect to x, weight and bias (through the batch statistics).
+
+    Args:
+        gz: (N, C, H, W) gradient of z (cast to x's dtype).
+        x: The forward's input.
+        weight: The forward's weight.
+        bias: The forward's bias.
+        mean: The forward's batch mean.
+        var: The forward's biased batch variance.
+        eps: The forward's epsilon.
+
+    Returns:
+        dx: (N, C, H, W) channels_last, x's dtype.
+        gw: (C,) fp32 gradient of weight.
+        gb: (C,) fp32 gradient of bias.
+    """
+    lib = _library()
+    x = x.contiguous(memory_format=torch.channels_last)
+    gz = gz.to(x.dtype).contiguous(memory_format=torch.channels_last)
+    n, c, h, w = x.shape
+    invstd = (var + eps).rsqrt_()  # bit for bit the forward's
+    wt, bs = weight.contiguous(), bias.contiguous()
+    dx = torch.empty_like(x, memory_format=torch.channels_last)
+    gw = torch.empty(c, dtype=torch.float32)
+    gb = torch.empty(c, dtype=torch.float32)
+    p = [t.data_ptr() for t in (mean, invstd, wt, bs, gw, gb)]
+    rc = getattr(lib, f"bn_silu_bwd_{build.DTYPES[x.dtype]}")(
+        gz.data_ptr(), x.data_ptr(), dx.data_ptr(), n * h * w, c, *p, torch.get_num_threads()
+    )
+    _check(rc, "backward")
+    return dx, gw, gb
+
+
+@bn_silu_bwd.register_fake
+def _(
+    gz: Tensor, x: Tensor, weight: Tensor, bias: Tensor, mean: Tensor, var: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    stat = x.new_empty(x.shape[1], dtype=torch.float32)
+    return torch.empty_like(x, memory_format=torch.channels_last), stat, torch.empty_like(stat)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor, Tensor]) -> None:
+    x, weight, bias, eps = inputs
+    _, mean, var = output
+    ctx.save_for_backward(x, weight, bias, mean, var)
+    ctx.eps = eps
+    # The batch statistics only feed the running statistics (without grad); their effect on z is in dx already.
+    ctx.mark_non_differentiable(mean, var)
+
+
+def _backward(ctx: Any, gz: Tensor, _gmean: Tensor | None, _gvar: Tensor | None) -> tuple[Tensor | None, ...]:
+    x, weight, bias, mean, var = ctx.saved_tensors
+    dx, gw, gb = torch.ops.yolo5l.bn_silu_bwd.default(gz, x, weight, bias, mean, var, ctx.eps)
+    need = ctx.needs_input_grad
+    return dx if need[0] else None, gw if need[1] else None, gb if need[2] else None, None
+
+
+bn_silu_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def bn_silu(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
-    """``F.silu(bn(x))``, in one fused CPU kernel each way where :func:`supports` says so.
+    """``F.silu(bn(x))``, in one fused CPU op each way where :func:`supports` says so.
 
     Args:
         x: (N, C, H, W) input, channels_last bf16 or fp32 for the fused path; anything for the fallback.
@@ -222,5 +189,10 @@ def bn_silu(x: Tensor, bn: nn.BatchNorm2d) -> Tensor:
     """
     if not supports(x, bn):
         return F.silu(bn(x))
-    bn.num_batches_tracked.add_(1)
-    return _BNSiLU.apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+    z, mean, var = torch.ops.yolo5l.bn_silu_fwd.default(x, bn.weight, bn.bias, bn.eps)
+    m = x.shape[0] * x.shape[2] * x.shape[3]
+    with torch.no_grad():  # as nn.BatchNorm2d: momentum, unbiased running variance, a step count
+        bn.num_batches_tracked.add_(1)
+        bn.running_mean.lerp_(mean, bn.momentum)
+        bn.running_var.lerp_(var * (m / (m - 1)), bn.momentum)
+    return z

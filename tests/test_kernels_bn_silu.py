@@ -1,20 +1,30 @@
-"""yolo5l_kernels.bn_silu: BatchNorm2d (training) + SiLU fused on the CPU, against F.silu(bn(x))."""
+"""yolo5l_kernels.bn_silu: BatchNorm2d (training) + SiLU fused on the CPU, against F.silu(bn(x)).
+
+The kernel's tests need a C compiler and skip without one; the fallback's take the compiler away themselves, so
+they run everywhere.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import yolo5l_kernels._bn_silu_build as B
 import yolo5l_kernels.bn_silu as K
 from torch import nn
 
-from yolo5l.models.common import BN_EPS, BN_MOMENTUM
+from yolo5l.models.common import BN_EPS, BN_MOMENTUM, Conv
 from yolo5l.models.yolo import YOLOv5
 
-pytestmark = pytest.mark.skipif(not K.fused_available(), reason="no C compiler: the fused kernel cannot be built")
+needs_kernel = pytest.mark.skipif(not K.fused_available(), reason="no C compiler: the fused kernel cannot be built")
 
 
 def _bn_pair(c: int, seed: int = 0) -> tuple[nn.BatchNorm2d, nn.BatchNorm2d]:
@@ -55,6 +65,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-12)).item()
 
 
+@needs_kernel
 @pytest.mark.parametrize("shape", [(4, 64, 20, 24), (2, 13, 7, 5), (3, 3, 1, 1), (1, 200, 9, 11)])
 def test_fp32_matches_pytorch(shape):
     x = _input(shape, torch.float32)
@@ -70,6 +81,7 @@ def test_fp32_matches_pytorch(shape):
     assert bn.num_batches_tracked.item() == ref_bn.num_batches_tracked.item() == 1
 
 
+@needs_kernel
 def test_bf16_within_one_rounding_of_autocast_composition():
     """Under autocast the unfused path rounds y = BN(x) to bf16 before the SiLU; the fused one does not."""
     x = _input((4, 64, 20, 24), torch.bfloat16)
@@ -83,6 +95,7 @@ def test_bf16_within_one_rounding_of_autocast_composition():
     torch.testing.assert_close(bn.running_var, ref_bn.running_var, rtol=1e-4, atol=1e-5)
 
 
+@needs_kernel
 def test_large_offset_and_extreme_values():
     """A mean far from zero (the variance is computed shifted) and |y| large enough to saturate the sigmoid."""
     x = _input((2, 8, 16, 16), torch.float32, scale=0.01, offset=1000.0)
@@ -103,6 +116,7 @@ def test_large_offset_and_extreme_values():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-3)  # |y| ~ 400: fp32 rounding of y is ~3e-5
 
 
+@needs_kernel
 def test_nan_propagates_like_pytorch():
     x = _input((2, 4, 6, 6), torch.float32).detach()
     x[1, 2, 3, 3] = float("nan")
@@ -114,6 +128,7 @@ def test_nan_propagates_like_pytorch():
     assert not torch.isnan(out[:, [0, 1, 3]]).any()
 
 
+@needs_kernel
 def test_thread_count_does_not_change_the_result_beyond_rounding():
     x = _input((4, 32, 20, 20), torch.float32)
     threads = torch.get_num_threads()
@@ -133,7 +148,7 @@ def test_thread_count_does_not_change_the_result_beyond_rounding():
 
 
 def test_falls_back_to_pytorch_where_unsupported():
-    """Channels-first input, eval mode and frozen weights in bf16 take PyTorch's ops and give PyTorch's results."""
+    """Channels-first input, eval mode and fp16 take PyTorch's ops and give PyTorch's results, kernel or not."""
     x = torch.randn(2, 8, 6, 6)  # channels-first
     a, b = _bn_pair(8)
     assert not K.supports(x, b)
@@ -143,55 +158,269 @@ def test_falls_back_to_pytorch_where_unsupported():
     assert not K.supports(xcl, b)
     torch.testing.assert_close(K.bn_silu(xcl, b), F.silu(a(xcl)), rtol=0, atol=0)
     b.train()
-    assert K.supports(xcl, b)
+    assert K.supports(xcl, b) == K.fused_available()
     assert not K.supports(xcl.to(torch.float16), b)
     assert not K.supports(xcl[:1, :, :1, :1], b)  # one value per channel: PyTorch's own error applies
 
 
-def test_no_compiler_warns_once_and_falls_back(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(K, "_lib", None)
-    monkeypatch.setattr(K, "_error", None)
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path) -> Path:
+    """The loader as a new process finds it, with an empty cache (returned): nothing loaded, nothing tried."""
+    monkeypatch.setattr(B, "_lib", None)
+    monkeypatch.setattr(B, "_error", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    with caplog.at_level(logging.WARNING, logger=K.__name__):
-        assert K.load_library() is None
-        assert K.load_library() is None
-    assert [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()] == [
-        f"fused BatchNorm+SiLU kernel unavailable, using PyTorch ops: no C compiler ('{tmp_path / 'no-such-cc'}' "
-        "not on PATH; set CC)"
-    ]
+    return tmp_path / "cache" / "yolo5l" / "kernels"
+
+
+@pytest.mark.parametrize("how", ["CC names no file", "no cc on PATH"])
+def test_without_a_compiler_warns_once_and_gives_pytorchs_result(fresh_build, monkeypatch, tmp_path, caplog, how):
+    if how == "CC names no file":
+        cc = str(tmp_path / "no-such-cc")
+        monkeypatch.setenv("CC", cc)
+    else:
+        cc = "cc"
+        monkeypatch.delenv("CC", raising=False)
+        (tmp_path / "bin").mkdir()
+        monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     x = _input((2, 4, 5, 5), torch.float32)
-    a, b = _bn_pair(4)
-    assert not K.supports(x, b)
-    torch.testing.assert_close(K.bn_silu(x, b), F.silu(a(x)), rtol=0, atol=0)
+    ref_bn, bn = _bn_pair(4)
+    with caplog.at_level(logging.WARNING, logger=B.__name__):
+        for _ in range(2):  # a warning for the process, not for every call
+            assert not K.supports(x, bn)
+            z, z_ref = K.bn_silu(x, bn), F.silu(ref_bn(x))
+            torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
+            grads = torch.autograd.grad(z.square().sum(), (x, bn.weight, bn.bias))
+            grads_ref = torch.autograd.grad(z_ref.square().sum(), (x, ref_bn.weight, ref_bn.bias))
+            for g, g_ref in zip(grads, grads_ref):
+                torch.testing.assert_close(g, g_ref, rtol=0, atol=0)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(bn, name), getattr(ref_bn, name), rtol=0, atol=0)
+    assert bn.num_batches_tracked.item() == 2
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"fused BatchNorm+SiLU kernel unavailable, using PyTorch ops: no C compiler ({cc!r} not on PATH; set CC)"
+    ]
+    assert not fresh_build.exists()
+    with pytest.raises(RuntimeError, match=r"unavailable \(no C compiler"):  # the op itself says why
+        torch.ops.yolo5l.bn_silu_fwd(x.detach(), bn.weight.detach(), bn.bias.detach(), BN_EPS)
 
 
-def test_compiles_once_into_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setattr(K, "_lib", None)
-    monkeypatch.setattr(K, "_error", None)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert K.load_library() is not None
-    built = list((tmp_path / "yolo5l" / "kernels").glob("bn_silu-*.so"))
+@needs_kernel
+def test_compiles_once_into_the_cache(fresh_build, monkeypatch):
+    assert B.load_library() is not None
+    built = list(fresh_build.glob("bn_silu-*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(K, "_lib", None)
-    monkeypatch.setattr(K, "_compile", lambda *a: pytest.fail("compiled again despite the cached library"))
-    assert K.load_library() is not None
+    monkeypatch.setattr(B, "_lib", None)
+    monkeypatch.setattr(B, "compile_library", lambda *a: pytest.fail("compiled again despite the cached library"))
+    assert B.load_library() is not None
     assert built[0].stat().st_mtime_ns == mtime
-    assert [p.name for p in (tmp_path / "yolo5l" / "kernels").iterdir()] == [built[0].name]  # no temp file left
+    assert [p.name for p in fresh_build.iterdir()] == [built[0].name]  # no temporary file or folder left
 
 
-def test_compiler_error_names_the_source(monkeypatch, tmp_path):
+@needs_kernel
+def test_compiler_error_names_the_source(fresh_build, monkeypatch, tmp_path):
     bad = tmp_path / "bad.c"
     bad.write_text("this is not C\n")
-    monkeypatch.setattr(K, "_lib", None)
-    monkeypatch.setattr(K, "_error", None)
-    monkeypatch.setattr(K, "SOURCE", bad)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert K.load_library() is None
-    assert str(bad) in K._error
-    assert "failed" in K._error
-    assert not list((tmp_path / "cache").rglob("*.so"))  # no half-written library left behind
+    monkeypatch.setattr(B, "SOURCE", bad)
+    assert B.load_library() is None
+    assert str(bad) in B.error()
+    assert "failed" in B.error()
+    assert not list(fresh_build.rglob("*.so"))  # no half-written library left behind
+
+
+# Prints the OpenMP runtimes mapped into a fresh process before and after the kernels' library is loaded.
+_RUNTIMES = r"""
+import json, os, re
+import torch
+
+def runtimes():
+    with open("/proc/self/maps") as f:
+        paths = {ln.split()[-1] for ln in f if len(ln.split()) >= 6}
+    return sorted(os.path.realpath(p) for p in paths if re.search(r"/lib(gomp|iomp5|omp)[-.][^/]*$", p))
+
+before = runtimes()
+from yolo5l_kernels import _bn_silu_build as build
+lib = build.load_library()
+omp = build.openmp_runtime()
+print(json.dumps({
+    "before": before, "after": runtimes(), "linked": omp and os.path.realpath(omp),
+    "openmp": lib is not None and bool(lib.bn_silu_openmp()),
+}))
+"""
+
+
+def _gcc() -> bool:
+    out = subprocess.run([B.find_compiler(), "--version"], capture_output=True, text=True).stdout
+    return "Free Software Foundation" in out
+
+
+@needs_kernel
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_loading_the_kernels_maps_no_second_openmp_runtime():
+    """The library runs on torch's OpenMP runtime: one thread pool, however torch's copy is named."""
+    r = subprocess.run([sys.executable, "-c", _RUNTIMES], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.splitlines()[-1])
+    assert found["after"] == found["before"]
+    if torch.backends.openmp.is_available():
+        assert len(found["before"]) == 1, found
+        assert found["linked"] == found["before"][0]
+        if _gcc():  # GCC's OpenMP ABI is libgomp's: the threaded build links
+            assert found["openmp"]
+
+
+def test_the_link_step_names_torchs_runtime_and_not_the_compilers(tmp_path):
+    omp = Path("/site-packages/torch/lib/libgomp-a34b3233.so.1")  # how older torch wheels name their copy
+    compile_, link = B._commands("cc", B.SOURCE, tmp_path, tmp_path / "out.so", B.CFLAGS, omp)
+    assert "-fopenmp" in compile_
+    assert "-c" in compile_
+    assert "-fopenmp" not in link  # it would add -lgomp: the compiler's runtime, a second one
+    assert str(omp) in link
+    assert "-Wl,-z,defs" in link
+
+
+@needs_kernel
+def test_a_runtime_that_cannot_be_linked_gives_a_one_thread_build(fresh_build, monkeypatch, tmp_path, caplog):
+    """Where torch's OpenMP runtime lacks what the compiler calls, the kernels build without OpenMP and still work."""
+    empty = tmp_path / "libempty.so"  # stands for a runtime of another ABI: it has none of the GOMP_* symbols
+    (tmp_path / "empty.c").write_text("int yolo5l_empty;\n")
+    subprocess.run([B.find_compiler(), "-shared", "-fPIC", str(tmp_path / "empty.c"), "-o", str(empty)], check=True)
+    monkeypatch.setattr(B, "openmp_runtime", lambda: empty)
+    monkeypatch.setattr(B, "_lib", None)
+    with caplog.at_level(logging.WARNING, logger=B.__name__):
+        lib = B.load_library()
+    assert lib is not None
+    assert lib.bn_silu_openmp() == 0
+    assert any("runs on one thread" in r.getMessage() for r in caplog.records)
+    x = _input((2, 13, 7, 5), torch.float32)
+    (z_ref, gx_ref, _), (z, gx, _) = _both(x, 13)
+    assert _rel(z, z_ref) < 1e-5
+    assert _rel(gx, gx_ref) < 1e-4
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ops_pass_opcheck(dtype):
+    """Schema, fake (meta) implementations, autograd registration and AOT dispatch of both operators."""
+    x = _input((2, 6, 5, 4), dtype)
+    g = torch.Generator().manual_seed(4)
+    w = (torch.rand(6, generator=g) + 0.5).requires_grad_()
+    b = (torch.rand(6, generator=g) - 0.5).requires_grad_()
+    torch.library.opcheck(torch.ops.yolo5l.bn_silu_fwd.default, (x, w, b, BN_EPS))
+    z, mean, var = torch.ops.yolo5l.bn_silu_fwd(x.detach(), w.detach(), b.detach(), BN_EPS)
+    gz = torch.randn(z.shape, generator=g).to(dtype).contiguous(memory_format=torch.channels_last)
+    args = (gz, x.detach(), w.detach(), b.detach(), mean, var, BN_EPS)
+    torch.library.opcheck(torch.ops.yolo5l.bn_silu_bwd.default, args)
+
+
+def _conv_block() -> Conv:
+    torch.manual_seed(0)
+    m = Conv(16, 32, 3).to(memory_format=torch.channels_last).train()
+    m.fused_bn_act = True
+    return m
+
+
+def _conv_input() -> torch.Tensor:
+    x = torch.randn(2, 16, 12, 12, generator=torch.Generator().manual_seed(5))
+    return x.contiguous(memory_format=torch.channels_last).requires_grad_()
+
+
+@pytest.fixture
+def dynamo():
+    """A clean dynamo cache before and after: the tests compile the same Conv.forward with different backends."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _recorder(graphs: list):
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    return compiler
+
+
+def _targets(graphs: list) -> list:
+    return [n.target for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@needs_kernel
+def test_dynamo_traces_a_conv_block_with_the_fused_op_in_its_graph(dynamo):
+    """Training mode, channels_last, fused_bn_act: one graph, no break, the op in it and no BatchNorm or SiLU."""
+    graphs = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(_conv_block(), backend=record, fullgraph=True)(_conv_input())  # fullgraph: a break raises
+    assert len(graphs) == 1
+    targets = _targets(graphs)
+    assert torch.ops.yolo5l.bn_silu_fwd.default in targets
+    unfused = [t for t in targets if "yolo5l" not in str(t) and ("batch_norm" in str(t) or "silu" in str(t))]
+    assert not unfused
+    explained = torch._dynamo.explain(_conv_block())(_conv_input())
+    assert explained.graph_break_count == 0
+    assert explained.graph_count == 1
+
+
+@needs_kernel
+@pytest.mark.parametrize("bf16", [False, True])
+def test_aot_autograd_runs_both_ops_and_matches_eager_exactly(dynamo, bf16):
+    """Forward graph: bn_silu_fwd; backward graph: bn_silu_bwd; outputs, gradients and running statistics (two
+    steps, so that the updates compound) bit for bit those of the eager block."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    fw, bw = [], []
+    backend = aot_autograd(fw_compiler=_recorder(fw), bw_compiler=_recorder(bw))
+    runs = []
+    for compiled in (False, True):
+        m, x = _conv_block(), _conv_input()
+        f = torch.compile(m, backend=backend, fullgraph=True) if compiled else m
+        for _ in range(2):
+            with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                z = f(x)
+            z.float().square().sum().backward()
+        bn = m.bn
+        runs.append([z, x.grad, m.conv.weight.grad, bn.weight.grad, bn.bias.grad, *bn.buffers()])
+    assert runs[1][0].dtype == (torch.bfloat16 if bf16 else torch.float32)
+    for got, want in zip(runs[1], runs[0], strict=True):
+        assert torch.equal(got, want)
+    assert runs[1][-1].item() == 2  # num_batches_tracked
+    assert torch.ops.yolo5l.bn_silu_fwd.default in _targets(fw)
+    assert torch.ops.yolo5l.bn_silu_bwd.default in _targets(bw)
+
+
+@needs_kernel
+@pytest.mark.slow  # inductor compiles C++ for the block: ~25 s on 2 cores
+def test_inductor_keeps_the_ops_and_matches_eager(dynamo):
+    from torch._inductor.utils import run_and_get_code
+
+    runs = []
+    for bf16 in (False, True):
+        for compiled in (False, True):
+            m, x = _conv_block(), _conv_input()
+            f = torch.compile(m) if compiled else m
+
+            def step(f=f, x=x):
+                with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                    z = f(x)
+                z.float().square().sum().backward()
+                return z
+
+            if compiled:
+                z, code = run_and_get_code(step)
+                code = "\n".join(code)
+                assert "torch.ops.yolo5l.bn_silu_fwd.default" in code
+                assert "torch.ops.yolo5l.bn_silu_bwd.default" in code
+            else:
+                z = step()
+            runs.append([z, x.grad, m.conv.weight.grad, m.bn.weight.grad, m.bn.bias.grad, *m.bn.buffers()])
+        for got, want in zip(runs[-1], runs[-2], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _yolov5_step(fused: bool, bf16: bool, state: dict | None = None):
@@ -215,6 +444,7 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+@needs_kernel
 def test_yolov5_training_step_matches_unfused_fp32():
     """A whole yolov5n forward + backward in train mode: same outputs, gradients and running statistics."""
     _, out0, grad0, stats0 = _yolov5_step(fused=False, bf16=False)
@@ -226,6 +456,7 @@ def test_yolov5_training_step_matches_unfused_fp32():
     assert sum(1 for m in fused.modules() if getattr(m, "fused_bn_act", False)) > 50
 
 
+@needs_kernel
 def test_yolov5_training_step_bf16_no_worse_than_autocast():
     """In bf16 both paths round; measured against fp32, the fused one must be no further off than PyTorch's."""
     _, out32, grad32, stats32 = _yolov5_step(fused=False, bf16=False)
@@ -236,6 +467,7 @@ def test_yolov5_training_step_bf16_no_worse_than_autocast():
     assert _err(stats_f, stats32) < 1.5 * _err(stats_u, stats32) + 1e-4
 
 
+@needs_kernel
 @pytest.mark.skipif(
     torch.backends.cpu.get_cpu_capability() != "AVX512",  # ATen's AVX512 is F + BW + VL + DQ, as the C file asks
     reason="no AVX-512 here: only the portable loops are compiled",
@@ -243,12 +475,10 @@ def test_yolov5_training_step_bf16_no_worse_than_autocast():
 @pytest.mark.parametrize("c", [32, 13, 200])
 def test_avx512_loops_match_the_portable_ones(tmp_path, c):
     """The hand-vectorised AVX-512 loops (full vectors and a masked tail) against the same file built without them."""
-    import ctypes
-
-    portable = tmp_path / "portable.so"  # the module's skip already says a compiler is there
-    K._compile(os.environ.get("CC") or "cc", portable, (*K.CFLAGS, "-mno-avx512f"))
-    libs = [K.load_library(), ctypes.CDLL(str(portable))]
-    K._bind(libs[1])
+    portable = tmp_path / "portable.so"
+    B.compile_library(B.find_compiler(), portable, (*B.CFLAGS, "-mno-avx512f"), B.openmp_runtime())
+    libs = [B.load_library(), ctypes.CDLL(str(portable))]
+    B._bind(libs[1])
     g = torch.Generator().manual_seed(3)
     m = 1000
     for dtype, sfx, tol in ((torch.float32, "f32", 2e-6), (torch.bfloat16, "bf16", 2**-7)):

@@ -49,8 +49,10 @@ class Conv(nn.Module):
         act: Use SiLU (True) or identity (False).
 
     Attributes:
-        fused_bn_act: In training, compute BN + SiLU with ``yolo5l_kernels.bn_silu`` (one CPU kernel each way for
-            channels_last bf16/fp32; PyTorch ops elsewhere). Set for the whole model by ``YOLOv5(fused_bn_act=...)``.
+        fused_bn_act: In training, compute BN + SiLU with ``yolo5l_kernels.bn_silu``: the operators
+            ``torch.ops.yolo5l.bn_silu_fwd`` / ``bn_silu_bwd``, one CPU kernel each way for channels_last bf16/fp32,
+            which ``torch.compile`` keeps in its graph; PyTorch ops elsewhere. Set for the whole model by
+            ``YOLOv5(fused_bn_act=...)``.
     """
 
     fused_bn_act: bool = False
