@@ -1,4 +1,4 @@
-"""What the entry points share: one-line errors with exit code 2, config-group checks, printing where outputs are."""
+"""What the entry points share: one-line errors with exit code 2, the collector pause, printing where outputs are."""
 
 from __future__ import annotations
 
@@ -6,19 +6,18 @@ import functools
 import gc
 import logging
 import os
+import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from yolo5l.config import config_choices
+from yolo5l.config import check_group_choices
+from yolo5l.errors import EXIT_USAGE, UserError
 
-EXIT_USAGE = 2
+__all__ = ["EXIT_USAGE", "UserError", "fail", "guarded", "info", "print_outputs", "relpath", "run_entry_point"]
+
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-#: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
-GROUPS = ("model", "data", "hyp", "trainer", "callbacks", "logger", "experiment", "debug", "paths")
-NULLABLE = ("experiment", "debug")
 
 
 #: True while `pause_gc` holds the cyclic garbage collector off (the command line's start-up).
@@ -75,13 +74,12 @@ def run_entry_point(hydra_main: Callable[[], Any]) -> None:
     """What `main()` of train, val and predict does: collector paused for start-up, config groups checked before
     Hydra composes, the Hydra app run, the heap frozen for a quick exit."""
     pause_gc()
-    check_group_choices(sys.argv[1:])
+    try:
+        check_group_choices(sys.argv[1:])
+    except UserError as e:
+        fail(str(e))
     hydra_main()
     exit_without_heap_walk()
-
-
-class UserError(Exception):
-    """A mistake in the command or config that the user fixes: printed as one sentence, exit code 2."""
 
 
 def fail(message: str) -> NoReturn:
@@ -104,52 +102,45 @@ def one_console_line_per_log() -> None:
 
 
 def guarded(fn: _F) -> _F:
-    """Turn `UserError` (and a missing file) raised by `fn` into a one-line message and exit code 2."""
+    """Turn `UserError` (and a missing file) raised by `fn` into a one-line message and exit code 2.
+
+    A run folder that Hydra created for the failed command and that holds nothing but Hydra's own files (`.hydra/`,
+    the job log) is removed, so mistakes leave no empty runs behind.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
+            _remove_empty_run_folder()
             fail(str(e))
         except FileNotFoundError as e:
+            _remove_empty_run_folder()
             name = f" {e.filename!r}" if e.filename else ""
             fail(f"file not found{name}: {e.strerror or e}" if e.filename else str(e))
 
     return wrapper  # type: ignore[return-value]
 
 
-def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> None:
-    """Refuse `group=option` arguments naming an option that does not exist, listing the ones that do.
+def _remove_empty_run_folder() -> None:
+    from hydra.core.hydra_config import HydraConfig
 
-    Hydra would also refuse them, but with a multi-line report; this runs before Hydra composes anything.
-    Sweeps (`model=yolov5n,yolov5s`) are checked option by option.
-    """
-    for arg in argv:
-        if "=" not in arg or arg.startswith(("-", "hydra.", "hydra/")):
-            continue
-        key, value = arg.split("=", 1)
-        key = key.lstrip("+~")
-        if key.startswith("override "):
-            key = key[len("override ") :].strip()
-        if key not in groups:
-            continue
-        choices = config_choices(key)
-        if not choices:
-            continue
-        for option in _sweep_values(value):
-            if option in ("null", "") and key in NULLABLE:
-                continue
-            if option not in choices:
-                fail(f"unknown {key} {option!r}: choose one of {', '.join(choices)}")
+    if not HydraConfig.initialized() or not is_rank_zero():
+        return
+    out = Path(HydraConfig.get().runtime.output_dir)
+    if not out.is_dir():
+        return
+    hydra_own = {".hydra", f"{HydraConfig.get().job.name}.log"}
+    if all(p.name in hydra_own for p in out.iterdir()):
+        logging.shutdown()  # the job log's handler holds the file open
+        shutil.rmtree(out, ignore_errors=True)
 
 
-def _sweep_values(value: str) -> list[str]:
-    value = value.strip()
-    if value.startswith(("range(", "choice(", "glob(", "interval(", "tag(", "sort(", "shuffle(")):
-        return []  # extended sweep syntax: leave it to Hydra
-    value = value.removeprefix("[").removesuffix("]")  # a list of options (`callbacks=[ema,checkpoint]`)
-    return [v.strip().strip("'\"") for v in value.split(",")]
+def info(message: str) -> None:
+    """Print one `[yolo5l] ...` console line (rank 0 only)."""
+    if is_rank_zero():
+        print(f"[yolo5l] {message}", flush=True)
 
 
 def is_rank_zero() -> bool:

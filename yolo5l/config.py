@@ -1,11 +1,15 @@
-"""Compose the training configuration outside the command line (notebooks, tests).
+"""The configuration: compose it outside the command line, and check it before anything is built.
 
     >>> from yolo5l import compose_config
     >>> cfg = compose_config(["experiment=smoke"], output_dir="runs/notebook")
-    >>> dm = hydra.utils.instantiate(cfg.data, hyp=cfg.hyp)
+    >>> dm = hydra.utils.instantiate(cfg.data)
 
-The result is what `python -m yolo5l.train experiment=smoke` would see, with `${hydra:runtime.output_dir}` (and
-everything that interpolates it: loggers, checkpoints) pointing at `output_dir`.
+`compose_config` gives what `python -m yolo5l.train experiment=smoke` would see, with `${hydra:runtime.output_dir}`
+(and everything that interpolates it: loggers, checkpoints) pointing at `output_dir`.
+
+The checks (`check_group_choices` before Hydra composes, `check_train_config`, `check_val_config`,
+`check_predict_config` after) are the one place where the entry points refuse a config: each mistake raises a
+`UserError` whose one line names the key and the fix.
 """
 
 from __future__ import annotations
@@ -13,12 +17,35 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from yolo5l.errors import UserError
+
+__all__ = [
+    "CONFIG_MODULE",
+    "check_group_choices",
+    "check_predict_config",
+    "check_train_config",
+    "check_val_config",
+    "compose_config",
+    "config_choices",
+    "to_yaml",
+]
+
 CONFIG_MODULE = "yolo5l.conf"
+STRIDE = 32  # the largest stride of YOLOv5's heads: image sizes are multiples of it
+CACHE_MODES = ("none", "ram", "disk")
+
+#: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
+GROUPS = (
+    "model", "data", "hyp", "module", "module/optimizer", "module/scheduler", "module/metric", "trainer",
+    "callbacks", "logger", "experiment", "debug", "paths",
+)
+NULLABLE = ("experiment", "debug")
 
 
 def compose_config(
@@ -55,15 +82,191 @@ def compose_config(
 
 
 def config_choices(group: str) -> list[str]:
-    """Options of a config group (`model` -> ['yolov5l', 'yolov5m', ...]), from the shipped `yolo5l.conf`."""
+    """Options of a config group (`model` -> ['yolov5l', 'yolov5m', ...]), from the shipped `yolo5l.conf`.
+
+    Files starting with `_` are shared bases (`data/_base.yaml`), not options.
+    """
     from importlib.resources import files
 
     folder = files(CONFIG_MODULE).joinpath(group)
     if not folder.is_dir():
         return []
-    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and p.name[0] != "_")
 
 
 def to_yaml(cfg: DictConfig) -> str:
     """The config as YAML with interpolations resolved where they can be."""
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+# ---- before Hydra composes ------------------------------------------------------------------------------------------
+def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> None:
+    """Refuse `group=option` arguments naming an option that does not exist, listing the ones that do.
+
+    Hydra would also refuse them, but with a multi-line report; this runs before Hydra composes anything.
+    Sweeps (`model=yolov5n,yolov5s`) are checked option by option.
+
+    Raises:
+        UserError: An unknown option.
+    """
+    for arg in argv:
+        if "=" not in arg or arg.startswith(("-", "hydra.", "hydra/")):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key.startswith("override "):
+            key = key[len("override ") :].strip()
+        if key not in groups:
+            continue
+        choices = config_choices(key)
+        if not choices:
+            continue
+        for option in _sweep_values(value):
+            if option in ("null", "") and key in NULLABLE:
+                continue
+            if option not in choices:
+                raise UserError(f"unknown {key} {option!r}: choose one of {', '.join(choices)}")
+
+
+def _sweep_values(value: str) -> list[str]:
+    value = value.strip()
+    if value.startswith(("range(", "choice(", "glob(", "interval(", "tag(", "sort(", "shuffle(")):
+        return []  # extended sweep syntax: leave it to Hydra
+    value = value.removeprefix("[").removesuffix("]")  # a list of options (`callbacks=[ema,checkpoint]`)
+    return [v.strip().strip("'\"") for v in value.split(",")]
+
+
+# ---- after Hydra composes -------------------------------------------------------------------------------------------
+def _missing(cfg: DictConfig, key: str, hint: str) -> None:
+    if OmegaConf.is_missing(cfg, key):
+        raise UserError(f"{key}= is required: {hint}")
+
+
+def _int(node: Any, key: str, minimum: int | None = None, allow: Sequence[Any] = ()) -> int | Any:
+    """`node[key]` as an int (or one of `allow`), else a `UserError` naming `prefix.key`."""
+    value = node.get(key.rsplit(".", 1)[-1])
+    if value in allow:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            extra = f" or {' / '.join(map(str, allow))}" if allow else ""
+            raise UserError(f"{key}={value!r} must be a whole number{extra}") from None
+    if minimum is not None and value < minimum:
+        raise UserError(f"{key}={value} must be at least {minimum}")
+    return value
+
+
+def _round(x: int) -> int:
+    return max(STRIDE, round(x / STRIDE) * STRIDE)
+
+
+def _check_imgsz(imgsz: int, key: str) -> None:
+    if imgsz <= 0 or imgsz % STRIDE:
+        raise UserError(
+            f"{key}={imgsz} is not a positive multiple of {STRIDE} (the largest stride): try {_round(imgsz)}"
+        )
+
+
+def _check_file(value: Any, key: str, hint: str) -> None:
+    if value is not None and not Path(str(value)).is_file():
+        raise UserError(f"{key}={str(value)!r}: file not found; {hint}")
+
+
+def _check_data(data: DictConfig) -> None:
+    _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
+    _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
+    _int(data, "data.num_workers", minimum=0, allow=("auto",))
+    if data.get("val_batch_size") is not None:
+        _int(data, "data.val_batch_size", minimum=1)
+    cache = str(data.get("cache"))
+    if cache not in CACHE_MODES:
+        raise UserError(f"data.cache={cache!r} is not one of: {', '.join(CACHE_MODES)}")
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    max_epochs = trainer.get("max_epochs")
+    if max_epochs is not None:
+        _int(trainer, "trainer.max_epochs", minimum=-1)
+    if trainer.get("num_nodes") is not None:
+        _int(trainer, "trainer.num_nodes", minimum=1)
+
+
+def _check_module(module: DictConfig) -> None:
+    from yolo5l.optim import OPTIMIZER_IMPLS
+
+    impl = module.get("optimizer_impl")
+    if impl is not None and str(impl) not in OPTIMIZER_IMPLS:
+        raise UserError(f"module.optimizer_impl={impl!r} is not one of: {', '.join(OPTIMIZER_IMPLS)}")
+
+
+def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
+    """Check what a user typically gets wrong in a training config.
+
+    Returns:
+        The number of training processes (devices x nodes).
+
+    Raises:
+        UserError: One sentence naming the key and the fix.
+    """
+    from yolo5l.hardware import num_devices
+
+    _check_trainer(cfg.trainer)
+    _check_data(cfg.data)
+    _check_module(cfg.module)
+    world = num_devices(cfg.trainer)
+    batch = _int(cfg.data, "data.batch_size")
+    if batch == -1:
+        if world > 1:
+            raise UserError(
+                f"data.batch_size=-1 (find the largest batch) needs a single device, got {world}: "
+                "tune on one device, then pass the batch size"
+            )
+    elif batch <= 0:
+        raise UserError(f"data.batch_size={batch} must be positive (or -1 to find the largest that fits)")
+    elif batch % world:
+        raise UserError(
+            f"data.batch_size={batch} (the total over all devices) does not divide by the {world} devices: "
+            f"use a multiple of {world}"
+        )
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if multirun and world > 1 and "spawn" not in strategy and "fork" not in strategy:
+        raise UserError(
+            "DDP re-launches this script per device, which re-runs the whole sweep: in a multirun (-m) use "
+            "trainer.strategy=ddp_spawn, or sweep on one device"
+        )
+    freeze = cfg.get("freeze")
+    if freeze is not None and not isinstance(freeze, int) and not OmegaConf.is_list(freeze):
+        raise UserError(f"freeze={freeze!r} must be an int N (first N layers) or a list of layer indices")
+    weights = cfg.get("weights")
+    if weights:
+        _check_file(weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    return world
+
+
+def check_val_config(cfg: DictConfig) -> None:
+    """Check a `conf/val.yaml` config (weights, data, image size, batch).
+
+    Raises:
+        UserError: One sentence naming the key and the fix.
+    """
+    _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
+    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    _check_trainer(cfg.trainer)
+    _check_data(cfg.data)
+    _check_module(cfg.module)
+
+
+def check_predict_config(cfg: DictConfig) -> None:
+    """Check a `conf/predict.yaml` config (weights, source, image size, thresholds).
+
+    Raises:
+        UserError: One sentence naming the key and the fix.
+    """
+    _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
+    _missing(cfg, "source", "pass source=<an image, a folder or a list [a.jpg,b.jpg]>")
+    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    _check_imgsz(_int(cfg, "imgsz"), "imgsz")
+    _int(cfg, "batch_size", minimum=1)
+    _int(cfg, "max_det", minimum=1)
