@@ -1,11 +1,11 @@
 """Detection metrics: YOLOv5's own mAP protocol (the default) or torchmetrics' COCO mAP, and YOLOv5's fitness.
 
-Two backends produce the same `val/*` keys (`YOLOv5Module(map_backend=...)`):
+Two metrics with the same `update(dets, labels)` and the same `val/*` keys (`conf/module/metric/*.yaml`):
 - "yolov5" (`DetectionMAP`, default): ultralytics/yolov5 v7.0's validation protocol (`val.py::process_batch`,
   `utils/metrics.py::ap_per_class`): detections matched to labels per IoU threshold, AP integrated over 101 recall
   points per class, precision and recall at the best smoothed mean-F1 confidence. Matching is vectorised over
   thresholds; the state is a few numbers per detection, so `compute()` costs milliseconds, not a COCOeval run.
-- "coco" (`make_map_metric`): the COCO protocol (matching in score order, AP sampled at 101 recall thresholds);
+- "coco" (`COCOMap`): the COCO protocol (matching in score order, AP sampled at 101 recall thresholds);
   pycocotools scores yolov5s ~0.4 mAP points higher on COCO than YOLOv5's internal protocol.
 
 COCO backend choices (see docs/design.md, "Training"):
@@ -33,33 +33,17 @@ from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_iou
 
 __all__ = [
+    "COCOMap",
     "DetectionMAP",
     "ap_per_class",
     "fitness",
-    "make_map_metric",
     "match_detections",
     "precision_recall_at_best_f1",
     "summarize_map",
 ]
 
-MAP_BACKENDS = ("yolov5", "coco")
-
 # faster_coco_eval prints its 12-line COCO summary at INFO on every compute(); yolo5l logs the numbers itself.
 logging.getLogger("faster_coco_eval").setLevel(logging.WARNING)
-
-
-def make_map_metric(max_det: int = 300) -> MeanAveragePrecision:
-    """The validation mAP metric (COCO protocol, faster_coco_eval backend, up to `max_det` detections per image)."""
-    metric = MeanAveragePrecision(
-        box_format="xyxy",
-        iou_type="bbox",
-        backend="faster_coco_eval",
-        max_detection_thresholds=[1, 10, max_det],
-        extended_summary=True,
-        compute_on_cpu=False,
-    )
-    metric.warn_on_many_detections = False  # NMS caps detections at max_det already
-    return metric
 
 
 def fitness(map_50: Tensor, map_50_95: Tensor) -> Tensor:
@@ -107,7 +91,7 @@ def summarize_map(result: dict[str, Tensor]) -> dict[str, Tensor]:
     """Turn `MeanAveragePrecision.compute()` output into yolo5l's `val/*` metrics.
 
     Args:
-        result: output of a metric made by `make_map_metric` (needs the extended summary).
+        result: `MeanAveragePrecision.compute()` with the extended summary (as `COCOMap` makes it).
 
     Returns:
         {"map", "map_50", "precision", "recall", "fitness"} as 0-dim float tensors (mAP values of -1, i.e. no
@@ -264,3 +248,35 @@ class DetectionMAP(Metric):
             "recall": mean(stats["recall"]),
             "fitness": fitness(map_50, map_all),
         }
+
+
+class COCOMap(MeanAveragePrecision):
+    """The COCO protocol (torchmetrics' `MeanAveragePrecision`, faster_coco_eval backend) with `DetectionMAP`'s
+    interface: `update` takes the same per-image detection and label tensors, `compute` returns the same keys.
+
+    Args:
+        max_det: detections per image counted (YOLOv5's validation keeps 300).
+    """
+
+    def __init__(self, max_det: int = 300, **kwargs: object) -> None:
+        super().__init__(
+            box_format="xyxy",
+            iou_type="bbox",
+            backend="faster_coco_eval",
+            max_detection_thresholds=[1, 10, max_det],
+            extended_summary=True,
+            compute_on_cpu=False,
+            **kwargs,
+        )
+        self.warn_on_many_detections = False  # NMS caps detections at max_det already
+
+    def update(self, preds: list[Tensor], targets: list[Tensor]) -> None:  # type: ignore[override]
+        """Per image (n, 6) detections [x1, y1, x2, y2, score, class] and (m, 5) labels [x1, y1, x2, y2, class]."""
+        super().update(
+            [{"boxes": d[:, :4], "scores": d[:, 4], "labels": d[:, 5].long()} for d in preds],
+            [{"boxes": g[:, :4], "labels": g[:, 4].long()} for g in targets],
+        )
+
+    def compute(self) -> dict[str, Tensor]:  # type: ignore[override]
+        """{"map", "map_50", "precision", "recall", "fitness"} as 0-dim float tensors."""
+        return summarize_map(super().compute())

@@ -1,0 +1,159 @@
+"""YOLOv5's optimisation recipe: parameter groups, optimizer implementation, warmup and learning-rate schedules.
+
+The optimizer itself comes from `conf/module/optimizer/*.yaml` as a partial (`torch.optim.SGD` with lr and momentum
+bound); `YOLOv5Module` calls it with `yolov5_param_groups(...)` and the implementation kwargs of
+`optimizer_impl_kwargs`. The schedules are `LambdaLR`s built from a partial (`conf/module/scheduler/*.yaml`) with
+the run's epoch count.
+
+Reference: ultralytics/yolov5 v7.0 `utils/torch_utils.py::smart_optimizer` (groups), `train.py` (nbs accumulation,
+weight-decay scaling, warmup by `np.interp`, `lf` lambdas), `utils/general.py::one_cycle`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = [
+    "OPTIMIZER_IMPLS",
+    "CosineLR",
+    "LinearLR",
+    "interp",
+    "optimizer_impl_kwargs",
+    "param_groups",
+    "resolve_optimizer_impl",
+    "yolov5_param_groups",
+]
+
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "loop")
+
+_IMPL_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}
+
+
+def interp(x: float, xp: Sequence[float], fp: Sequence[float]) -> float:
+    """`np.interp` for two points, in Python floats (clamped outside [xp[0], xp[1]])."""
+    (x0, x1), (y0, y1) = xp, fp
+    if x <= x0:
+        return float(y0)
+    if x >= x1:
+        return float(y1)
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def param_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """Split trainable parameters as YOLOv5's `smart_optimizer`: (biases, decayed weights, norm-layer weights)."""
+    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+    biases: list[nn.Parameter] = []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue  # frozen layers (freeze=) stay out of the optimizer
+            if name == "bias":
+                biases.append(p)
+            elif name == "weight" and isinstance(module, norm_types):
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    return biases, decay, no_decay
+
+
+def yolov5_param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The three optimizer groups in YOLOv5's order: biases (no decay; the warmup ramps their lr from
+    `warmup_bias_lr`), weights (`weight_decay`), norm-layer weights (no decay)."""
+    biases, decay, no_decay = param_groups(model)
+    return [
+        {"params": biases, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": float(weight_decay)},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def resolve_optimizer_impl(impl: str, device_type: str, grad_scaler: bool) -> str:
+    """The optimizer implementation to build: "fused", "foreach" or "loop".
+
+    "auto" picks fused (one kernel over all parameters; bit-identical to the loop for SGD) on CPU and CUDA, except
+    when a GradScaler (16-mixed) is in use: a fused step unscales inside `step()`, after the point where YOLOv5
+    clips at norm 10, and Lightning's `MixedPrecision.clip_gradients` refuses fused optimizers; foreach there.
+    Under bf16-mixed and 32-true there is no scaler and the module clips the gradients itself, so fused and
+    clipping coexist.
+
+    Args:
+        impl: one of `OPTIMIZER_IMPLS` ("loop" = torch's per-tensor reference implementation).
+        device_type: the parameters' device type.
+        grad_scaler: whether a GradScaler unscales the gradients (16-mixed).
+
+    Raises:
+        ValueError: unknown `impl`, or "fused" with a GradScaler.
+    """
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"module.optimizer_impl must be one of {', '.join(OPTIMIZER_IMPLS)}, got {impl!r}")
+    if impl == "fused" and grad_scaler:
+        raise ValueError(
+            "module.optimizer_impl=fused cannot be clipped under 16-mixed (the GradScaler unscales inside the fused "
+            "step): use module.optimizer_impl=foreach or auto, or trainer.precision=bf16-mixed"
+        )
+    if impl != "auto":
+        return impl
+    return "fused" if device_type in ("cpu", "cuda") and not grad_scaler else "foreach"
+
+
+def optimizer_impl_kwargs(impl: str) -> dict[str, bool]:
+    """The `torch.optim` constructor kwargs of a resolved implementation ("fused", "foreach" or "loop")."""
+    return dict(_IMPL_KWARGS[impl])
+
+
+class _LinearFactor:
+    """`lf(x) = (1 - x / epochs) (1 - lrf) + lrf` as a picklable object (LambdaLR keeps its `__dict__`)."""
+
+    def __init__(self, epochs: int, lrf: float) -> None:
+        self.epochs, self.lrf = int(epochs), float(lrf)
+
+    def __call__(self, epoch: int) -> float:
+        return (1 - epoch / self.epochs) * (1.0 - self.lrf) + self.lrf
+
+
+class _OneCycleFactor:
+    """`lf(x) = ((1 - cos(x pi / epochs)) / 2) (lrf - 1) + 1`: YOLOv5's `one_cycle(1, lrf, epochs)`."""
+
+    def __init__(self, epochs: int, lrf: float) -> None:
+        self.epochs, self.lrf = int(epochs), float(lrf)
+
+    def __call__(self, epoch: int) -> float:
+        return ((1 - math.cos(epoch * math.pi / self.epochs)) / 2) * (self.lrf - 1) + 1
+
+
+class LinearLR(LambdaLR):
+    """YOLOv5's default schedule: lr falls linearly from lr0 to lr0 * lrf over `epochs` (stepped per epoch).
+
+    Args:
+        optimizer: the optimizer.
+        epochs: the run's epoch count (the Trainer's `max_epochs`).
+        lrf: final learning rate as a fraction of lr0 (`hyp.lrf`).
+    """
+
+    def __init__(self, optimizer: Optimizer, epochs: int, lrf: float, last_epoch: int = -1) -> None:
+        if epochs is None or epochs < 1:
+            raise ValueError("set trainer.max_epochs: the learning-rate schedule spans it")
+        super().__init__(optimizer, _LinearFactor(epochs, lrf), last_epoch=last_epoch)
+
+
+class CosineLR(LambdaLR):
+    """YOLOv5's `--cos-lr` schedule: one cosine half-cycle from lr0 to lr0 * lrf over `epochs`.
+
+    Args:
+        optimizer: the optimizer.
+        epochs: the run's epoch count (the Trainer's `max_epochs`).
+        lrf: final learning rate as a fraction of lr0 (`hyp.lrf`).
+    """
+
+    def __init__(self, optimizer: Optimizer, epochs: int, lrf: float, last_epoch: int = -1) -> None:
+        if epochs is None or epochs < 1:
+            raise ValueError("set trainer.max_epochs: the learning-rate schedule spans it")
+        super().__init__(optimizer, _OneCycleFactor(epochs, lrf), last_epoch=last_epoch)
