@@ -15,6 +15,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from yolo5l import weights as weights_mod
 from yolo5l.callbacks import checkpoint as checkpoint_mod
 from yolo5l.callbacks.ema import EMACallback
 
@@ -40,7 +41,7 @@ class Probe(Callback):
             "val_paths": [],  # per validation: image paths evaluated on this rank
             "val_metrics": [],  # per validation: trainer.callback_metrics val/* after the epoch's log
             "sync": [],  # per training micro-batch: (DDP all-reduces this backward, module steps the optimizer)
-            "ckpt_writes": [],  # file names this rank wrote through AtomicCheckpointIO
+            "ckpt_writes": [],  # file names this rank wrote through yolo5l.weights.atomic_save
         }
         self._patched = False
 
@@ -51,17 +52,17 @@ class Probe(Callback):
         if self._patched:
             return
         self._patched = True
-        # Every checkpoint file (last.ckpt through the strategy's plugin, weights.pt through strip_weights) goes
-        # through AtomicCheckpointIO.save_checkpoint: record the calls made in this process.
-        cls = checkpoint_mod.AtomicCheckpointIO
-        original = cls.save_checkpoint
+        # Every checkpoint file (last.ckpt through the strategy's AtomicCheckpointIO, weights.pt through
+        # save_weights) is written by yolo5l.weights.atomic_save: record the calls made in this process.
+        original = weights_mod.atomic_save
         writes = self.rec["ckpt_writes"]
 
-        def recording(io: Any, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        def recording(obj: Any, path: Any) -> Any:
             writes.append(os.path.basename(str(path)))
-            original(io, checkpoint, path, storage_options)
+            return original(obj, path)
 
-        cls.save_checkpoint = recording  # type: ignore[method-assign]
+        weights_mod.atomic_save = recording
+        checkpoint_mod.atomic_save = recording
 
     # ---- training ------------------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -222,7 +222,7 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(tmp_pat
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from yolo5l.callbacks import BatchPlotter
-    from yolo5l.callbacks.tensorboard import BOX_COLOR, draw_batch
+    from yolo5l.callbacks.batch_plotter import BOX_COLOR, draw_batch
 
     logger = TensorBoardLogger(tmp_path, name="", version="")
     tr = trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)

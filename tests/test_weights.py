@@ -32,7 +32,7 @@ from yolo5l.weights import (
     load_checkpoint,
     load_ultralytics,
     load_weights,
-    save_checkpoint,
+    save_weights,
 )
 
 # models/yolov5s.yaml of ultralytics/yolov5 v7.0, as DetectionModel.yaml holds it.
@@ -369,7 +369,7 @@ def test_hostile_pickle_is_refused_and_never_runs(tmp_path, payload, legacy_form
     # The generic loader and the CLI refuse it too.
     with pytest.raises(UnsafeCheckpointError):
         load_weights(path)
-    assert convert_main([str(path), str(tmp_path / "out.pt")]) == 1
+    assert convert_main([str(path), str(tmp_path / "out.pt")]) == 2
     assert not marker.exists()
     assert not (tmp_path / "out.pt").exists()
 
@@ -401,7 +401,7 @@ def test_clear_errors_for_wrong_inputs(tmp_path, ultralytics_file):
     with pytest.raises(ValueError, match="no yolov5 model in this file"):
         load_ultralytics(state_dict_only)
     ours = tmp_path / "ours.pt"
-    save_checkpoint(YOLOv5.from_name("yolov5n", num_classes=2), ours)
+    save_weights(YOLOv5.from_name("yolov5n", num_classes=2), ours)
     with pytest.raises(ValueError, match="a yolo5l checkpoint, not an ultralytics one"):
         load_ultralytics(ours)
     with pytest.raises(ValueError, match="not a yolo5l checkpoint"):
@@ -482,7 +482,7 @@ def test_convert_cli_round_trip(tmp_path, ultralytics_file, capsys):
 
 def test_convert_cli_errors(tmp_path, capsys):
     missing = tmp_path / "missing.pt"
-    assert convert_main([str(missing), str(tmp_path / "out.pt")]) == 1
+    assert convert_main([str(missing), str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ")
     assert "missing.pt: no such file" in err
@@ -494,5 +494,5 @@ def test_convert_cli_errors(tmp_path, capsys):
         text=True,
         check=False,
     )
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "missing.pt: no such file" in proc.stderr

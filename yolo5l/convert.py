@@ -14,7 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from yolo5l.weights import UnsafeCheckpointError, load_ultralytics, save_checkpoint
+from yolo5l.errors import EXIT_USAGE
+from yolo5l.weights import UnsafeCheckpointError, load_ultralytics, save_weights
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,21 +41,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Command-line arguments (default ``sys.argv[1:]``).
 
     Returns:
-        Exit status: 0 on success, 1 when the input cannot be converted (a one-line message on stderr).
+        Exit status: 0 on success, 2 when the input cannot be converted (a one-line message on stderr), as the
+        other entry points.
     """
     args = _parser().parse_args(argv)
     if args.num_classes is not None and args.num_classes < 1:
         print(f"error: --num-classes must be >= 1, got {args.num_classes}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     if os.path.abspath(args.source) == os.path.abspath(args.output):
         print(f"error: {args.output}: output would overwrite the source; choose another path", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     try:
         model, info = load_ultralytics(args.source, num_classes=args.num_classes)
-        save_checkpoint(model, args.output, info.names)
+        save_weights(model, args.output, info.names)
     except (FileNotFoundError, UnsafeCheckpointError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
     print(
         f"Transferred {info.transferred}/{info.total} items from {args.source}; wrote {args.output} "
         f"({model.num_classes} classes, depth {model.depth}, width {model.width})"

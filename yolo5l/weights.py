@@ -7,9 +7,10 @@ globals (torch's tensor rebuilders, ``OrderedDict``, ``set``, paths, numpy scala
 classes (``models.common.Conv``, ``torch.nn.Conv2d``, ...) into inert stand-ins that only hold their ``__dict__``.
 Anything else is refused, naming the file and the global.
 
-A yolo5l checkpoint (written by :func:`save_checkpoint` or ``python -m yolo5l.convert``) is a plain dict
-``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
-``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the model from it.
+A yolo5l weights file (written by :func:`save_weights`: training's ``weights.pt``, ``python -m yolo5l.convert``) is
+a plain dict ``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
+``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the model from it. Every checkpoint yolo5l
+writes goes through :func:`atomic_save` (a temporary file, fsync, rename), so a crash never leaves half a file.
 
 Reference: ultralytics/yolov5 v7.0 train.py (``intersect_dicts`` by key and shape, "Transferred 349/349 items").
 """
@@ -23,6 +24,7 @@ import logging
 import os
 import pathlib
 import pickle
+import tempfile
 import types
 import warnings
 import zipfile
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from yolo5l.errors import UserError
 from yolo5l.models.yolo import _LAYERS, STRIDES, YOLOv5
 
 log = logging.getLogger(__name__)
@@ -40,11 +43,13 @@ log = logging.getLogger(__name__)
 __all__ = [
     "LoadInfo",
     "UnsafeCheckpointError",
+    "atomic_save",
     "load_checkpoint",
+    "load_pretrained",
     "load_ultralytics",
     "load_weights",
     "restricted_pickle",
-    "save_checkpoint",
+    "save_weights",
 ]
 
 # Keys of the Detect convolutions: the only tensors whose shapes depend on the number of classes.
@@ -402,13 +407,44 @@ def load_ultralytics(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def save_checkpoint(model: YOLOv5, path: str | os.PathLike[str], names: list[str] | None = None) -> None:
-    """Write a plain yolo5l checkpoint that ``torch.load(weights_only=True)`` reads.
+def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
+    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace`` onto ``path``.
+
+    An interrupted write (crash, full disk, kill) leaves the previous file whole: ``os.replace`` is atomic within
+    one filesystem on POSIX and Windows.
+    """
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_weights(
+    model: YOLOv5, path: str | os.PathLike[str], names: list[str] | None = None, half: bool = True
+) -> pathlib.Path:
+    """Write a yolo5l weights file that ``torch.load(weights_only=True)`` reads (atomically).
 
     Args:
-        model: The model.
+        model: The model (with ``EMACallback``, training passes the EMA weights).
         path: Output file.
         names: Class names (defaults to ``["0", "1", ...]``).
+        half: Store floating tensors in half precision, as YOLOv5's ``strip_optimizer`` does (half the size; the
+            model is built in float32 again when loaded).
+
+    Returns:
+        The path written.
 
     Raises:
         ValueError: If ``names`` does not have ``model.num_classes`` entries.
@@ -416,23 +452,27 @@ def save_checkpoint(model: YOLOv5, path: str | os.PathLike[str], names: list[str
     names = [str(i) for i in range(model.num_classes)] if names is None else [str(n) for n in names]
     if len(names) != model.num_classes:
         raise ValueError(f"{len(names)} names for a model with {model.num_classes} classes")
+    state = {
+        k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().clone()
+        for k, v in model.state_dict().items()
+    }
     ckpt = {
         "model_config": {
-            "depth": model.depth,
-            "width": model.width,
-            "num_classes": model.num_classes,
-            "anchors": model.anchor_pixels().detach().cpu().reshape(len(STRIDES), -1).tolist(),
+            "depth": float(model.depth),
+            "width": float(model.width),
+            "num_classes": int(model.num_classes),
+            "anchors": model.anchor_pixels().detach().cpu().float().reshape(len(STRIDES), -1).tolist(),
         },
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "state_dict": state,
         "names": names,
     }
-    torch.save(ckpt, os.fspath(path))
+    return atomic_save(ckpt, path)
 
 
 def load_checkpoint(
     path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
 ) -> tuple[YOLOv5, LoadInfo]:
-    """Build a :class:`YOLOv5` from a yolo5l checkpoint (``python -m yolo5l.convert`` or :func:`save_checkpoint`).
+    """Build a :class:`YOLOv5` from a yolo5l weights file (:func:`save_weights`).
 
     Args:
         path: The checkpoint.
@@ -491,3 +531,24 @@ def load_weights(
         return load_checkpoint(path, num_classes, map_location)
     except _NotYolo5lCheckpoint:
         return load_ultralytics(path, num_classes, map_location)
+
+
+def load_pretrained(model: YOLOv5, path: str | os.PathLike[str]) -> LoadInfo:
+    """Copy the weights of an ultralytics ``.pt`` or a yolo5l weights file into ``model`` (weights only).
+
+    The file's Detect convolutions are skipped when its class count differs (fine-tuning on new classes).
+
+    Raises:
+        UserError: The file is not a YOLOv5 checkpoint, or holds another model size than ``model``.
+    """
+    try:
+        loaded, info = load_weights(path, num_classes=model.num_classes)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    if (loaded.depth, loaded.width) != (model.depth, model.width):
+        raise UserError(
+            f"weights {os.fspath(path)} are a depth={loaded.depth} width={loaded.width} model but the config builds "
+            f"depth={model.depth} width={model.width}: pick the matching model= option"
+        )
+    model.load_state_dict(loaded.state_dict())
+    return info

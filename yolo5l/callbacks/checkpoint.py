@@ -1,5 +1,5 @@
-"""`LastCheckpoint` (last.ckpt every N epochs, optional best.ckpt by fitness), `AtomicCheckpointIO`, and the
-stripped `weights.pt` written at the end of fit.
+"""`LastCheckpoint` (last.ckpt every N epochs, optional best.ckpt by fitness, the stripped `weights.pt` at the end
+of fit), `AtomicCheckpointIO`, and finding the checkpoint a run resumes from (`find_resume_checkpoint`).
 
 Reference: ultralytics/yolov5 v7.0 `train.py` (last.pt / best.pt by fitness) and `utils/general.py::strip_optimizer`
 (EMA weights in half precision, no optimizer). Lightning trap: `save_top_k=0, save_last=True` writes last.ckpt only
@@ -9,7 +9,7 @@ when training ends (Lightning 2.6, PR #21244), hence `filename="last", save_top_
 from __future__ import annotations
 
 import os
-import tempfile
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,10 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "strip_weights"]
+from yolo5l.errors import UserError
+from yolo5l.weights import atomic_save, save_weights
+
+__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "find_resume_checkpoint"]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -38,45 +41,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path) and not str(path).startswith("file://"):
             super().save_checkpoint(checkpoint, path)
             return
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-            with os.fdopen(fd, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def strip_weights(pl_module: pl.LightningModule, path: str | os.PathLike) -> Path:
-    """Write the deployable weights file: {"model_config", "state_dict" (half), "names"}, loadable weights_only.
-
-    The module's current weights are used; with `EMACallback` they are the EMA weights at the end of fit.
-    `model_config` holds the `YOLOv5` constructor arguments (depth, width, num_classes, anchors in pixels).
-    """
-    model = pl_module.model
-    anchors = model.anchor_pixels().detach().cpu().float()  # (3, na, 2) pixels, as yolo5l.weights writes them
-    config = {
-        "depth": float(model.depth),
-        "width": float(model.width),
-        "num_classes": int(model.num_classes),
-        "anchors": anchors.reshape(len(anchors), -1).tolist(),
-    }
-    state = {
-        k: (v.detach().half() if v.is_floating_point() else v.detach()).cpu().clone()
-        for k, v in model.state_dict().items()
-    }
-    path = Path(path)
-    ckpt = {"model_config": config, "state_dict": state, "names": [str(n) for n in pl_module.names]}
-    AtomicCheckpointIO().save_checkpoint(ckpt, path)
-    return path
+        atomic_save(checkpoint, path)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -134,7 +99,7 @@ class LastCheckpoint(ModelCheckpoint):
     def _write_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         fs = get_filesystem(self.dirpath)
         fs.makedirs(self.dirpath, exist_ok=True)
-        strip_weights(pl_module, os.path.join(self.dirpath, self.weights_name))
+        save_weights(pl_module.model, os.path.join(self.dirpath, self.weights_name), pl_module.names)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -144,3 +109,52 @@ class LastCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best_fitness = state_dict.get("best_fitness")
         super().load_state_dict(state_dict)
+
+
+def find_resume_checkpoint(resume: Any, output_dir: Path, max_epochs: int | None) -> str | None:
+    """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` beside
+    `output_dir` (`runs/train/*` by default), this run's own folder excluded.
+
+    The file is read without running pickled code (`weights_only=True`).
+
+    Raises:
+        UserError: The checkpoint does not exist, none was found, it is not a training checkpoint, or its run
+            already finished.
+    """
+    if resume is None or resume is False:
+        return None
+    if resume is True or str(resume).lower() == "true":
+        runs_root = output_dir.parent
+        found = [
+            p
+            for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
+            for p in runs_root.glob(pattern)
+            if output_dir not in p.parents
+        ]
+        if not found:
+            raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
+        path = max(found, key=lambda p: p.stat().st_mtime)
+    else:
+        path = Path(str(resume))
+        if not path.is_file():
+            raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).splitlines()[0]
+        raise UserError(f"{path}: refused to load, it holds more than a yolo5l checkpoint can ({reason})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise UserError(
+            f"{path}: damaged or not a PyTorch checkpoint ({type(e).__name__}): use another last.ckpt"
+        ) from None
+    if not isinstance(ckpt, dict) or "epoch" not in ckpt or "state_dict" not in ckpt:
+        raise UserError(
+            f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
+        )
+    done = int(ckpt["epoch"]) + 1  # epochs completed when it was written at an epoch end
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        raise UserError(
+            f"{path} already trained {done} of {max_epochs} epochs, nothing to resume: start a new run with "
+            f"weights={path} (or raise trainer.max_epochs, which changes the LR schedule)"
+        )
+    return str(path)

@@ -5,14 +5,14 @@ Layer ``i`` lives at ``self.model[i]`` (0..24), so state-dict keys equal ultraly
 ``decode`` turns them into boxes in pixels.
 
 Reference: ultralytics/yolov5 v7.0 ``models/yolov5s.yaml`` and ``models/yolo.py`` (``parse_model``, ``Detect``,
-``DetectionModel``); behaviour re-derived from the description in ``shared/reference/yolov5-v7.md`` §A.1-A.3.
+``DetectionModel``); ``train.py`` for ``--freeze``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -379,3 +379,22 @@ class YOLOv5(nn.Module):
             if isinstance(m, Conv):
                 m.fuse()
         return self
+
+
+def freeze_layers(model: nn.Module, freeze: int | Iterable[int] | None) -> list[str]:
+    """Stop gradients of layers ``model.{i}.`` (YOLOv5's ``--freeze``): an int N = layers 0..N-1 (10 = the
+    backbone), or a list of indices. BatchNorm running statistics still update, as in YOLOv5.
+
+    Returns:
+        The names of the parameters frozen.
+    """
+    if freeze is None:
+        return []
+    layers = range(int(freeze)) if isinstance(freeze, int) else [int(i) for i in freeze]
+    prefixes = tuple(f"model.{i}." for i in layers)
+    frozen = []
+    for name, p in model.named_parameters():
+        if name.startswith(prefixes):
+            p.requires_grad_(False)
+            frozen.append(name)
+    return frozen

@@ -2,7 +2,8 @@
 
 A real interruption (power cut, OOM kill, preempted node) gives no Python a chance to clean up: no `finally`
 blocks, no `on_exception` hooks, no last checkpoint. `os._exit` reproduces that, so a test can check that
-`resume=<last.ckpt>` with the same config continues exactly where the run stopped. Enable it with `debug=crash`.
+`resume=<last.ckpt>` with the same config continues exactly where the run stopped. Tests add it with
+`+callbacks.crash._target_=_fault.CrashAtEpoch` (tests/ on PYTHONPATH).
 """
 
 from __future__ import annotations

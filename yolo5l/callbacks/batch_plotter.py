@@ -65,7 +65,7 @@ def write_jpeg(experiment: Any, tag: str, rgb: np.ndarray, step: int, quality: i
 
     ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
-        raise RuntimeError(f"yolo5l/callbacks/tensorboard.py: JPEG encoding of {tag} failed")
+        raise RuntimeError(f"BatchPlotter: JPEG encoding of {tag} failed")
     image = Summary.Image(height=rgb.shape[0], width=rgb.shape[1], colorspace=3, encoded_image_string=buf.tobytes())
     file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
