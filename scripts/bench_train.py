@@ -120,8 +120,8 @@ CONFIGS: dict[str, Options] = {
 
 # ---------------------------------------------------------------------------------------------- hardware
 def cpu_has_bf16() -> bool:
-    """AMX or AVX512-BF16 on this CPU: yolo5l.train's rule for `trainer.precision=auto` (imported lazily)."""
-    from yolo5l.train import cpu_has_bf16 as has_bf16
+    """AMX or AVX512-BF16 on this CPU: yolo5l.hardware's rule for `trainer.precision=auto` (imported lazily)."""
+    from yolo5l.hardware import cpu_has_bf16 as has_bf16
 
     return has_bf16()
 
@@ -192,7 +192,7 @@ def micro_timings(device: str, num_classes: int, repeat: int) -> dict[str, float
     from yolo5l_kernels import ciou_xywh
 
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.module import build_optimizer, param_groups
+    from yolo5l.optim import optimizer_impl_kwargs, yolov5_param_groups
 
     out: dict[str, float] = {}
     torch.manual_seed(0)
@@ -211,7 +211,8 @@ def micro_timings(device: str, num_classes: int, repeat: int) -> dict[str, float
         p.grad = torch.randn_like(p) * 1e-3
     grads = [p.grad.clone() for p in params]
     for impl in ("loop", "foreach", "fused"):
-        opt = build_optimizer("SGD", param_groups(model), 0.01, 0.937, 5e-4, impl=impl)
+        groups = yolov5_param_groups(model, 5e-4)
+        opt = torch.optim.SGD(groups, lr=0.01, momentum=0.937, nesterov=True, **optimizer_impl_kwargs(impl))
 
         def step(opt: torch.optim.Optimizer = opt) -> None:
             for p, g in zip(params, grads, strict=True):
@@ -436,13 +437,15 @@ class Result:
 def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str, Any]) -> Result:
     """Build and fit one configuration; everything from building the DataModule to the end of fit is timed."""
     import lightning.pytorch as pl
+    from hydra.utils import instantiate
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
     from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
+    from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
+    from yolo5l.hardware import tune_host_memory
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.module import YOLOv5Module
 
     device = args.device
     precision = amp_precision(device) if opts.amp else "32-true"
@@ -465,19 +468,19 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
         model = YOLOv5.from_name(
             args.model, num_classes=dm.num_classes, fused_upsample=True, fused_bn_act=opts.fused_bn_act
         )
-        module = YOLOv5Module(
-            model,
-            hyp,
-            batch_size=args.batch,
-            imgsz=args.imgsz,
-            names=dm.names,
-            compile=opts.compile,
-            channels_last=opts.channels_last,
-            optimizer_impl=opts.optimizer_impl,
-            fuse_eval=opts.fuse_eval,
-            ciou_backend=opts.ciou,
-            tune_malloc=opts.malloc,
+        cfg = compose_config(
+            [
+                f"data.imgsz={args.imgsz}",
+                f"module.compile={opts.compile}",
+                f"module.channels_last={opts.channels_last}",
+                f"module.optimizer_impl={opts.optimizer_impl}",
+                f"module.fuse_eval={opts.fuse_eval}",
+                f"module.loss.ciou_backend={opts.ciou}",
+            ],
+            output_dir=f"{tmp}/cfg",
         )
+        module = instantiate(cfg.module, model=model, names=dm.names, _convert_="all")
+        tune_host_memory(opts.malloc)
         timer = _timer_callback(args.warmup, args.profile)
         callbacks = [
             EMACallback(foreach=opts.ema_foreach),

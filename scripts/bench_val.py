@@ -41,14 +41,17 @@ def _clock(obj: Any, name: str, key: str, totals: dict[str, float]) -> None:
 
 
 def validate_once(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    import tempfile
+
     import lightning.pytorch as pl
     import yaml
+    from hydra.utils import instantiate
 
+    from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
+    from yolo5l.hardware import resolve_precision
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.module import YOLOv5Module
-    from yolo5l.train import resolve_precision
-    from yolo5l.weights import load_weights
+    from yolo5l.weights import load_pretrained
 
     hyp = yaml.safe_load((REPO / "conf/hyp/scratch-low.yaml").read_text())
     dm = YOLODataModule(
@@ -59,10 +62,10 @@ def validate_once(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = YOLOv5.from_name(args.model, num_classes=dm.num_classes, fused_upsample=True)
     if args.weights:
-        load_weights(model, args.weights)
-    module = YOLOv5Module(
-        model, hyp, batch_size=args.batch, imgsz=args.imgsz, names=dm.names, channels_last=True, map_backend=backend
-    )
+        load_pretrained(model, args.weights)
+    with tempfile.TemporaryDirectory(prefix="bench_val_") as tmp:
+        cfg = compose_config([f"data.imgsz={args.imgsz}", f"module/metric={backend}"], output_dir=tmp)
+    module = instantiate(cfg.module, model=model, names=dm.names, _convert_="all")
     totals: dict[str, float] = {}
     _clock(module, "_detect", "decode + NMS", totals)
     _clock(module.map_metric, "update", "mAP update", totals)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from yolo5l.loss import YOLOv5Loss
+from yolo5l.metrics import COCOMap, DetectionMAP
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.module import YOLOv5Module
+from yolo5l.optim import LinearLR
 
 HYP = {
     "lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "warmup_epochs": 3.0,
@@ -65,10 +69,24 @@ class TinyData(pl.LightningDataModule):
         return DataLoader(self.ds, batch_size=self.batch_size, shuffle=False, collate_fn=collate)
 
 
-def tiny_module(batch_size: int = 4, nbs: int = 8, **kw) -> YOLOv5Module:
+def tiny_module(nbs: int = 8, ciou_backend: str = "auto", map_backend: str = "yolov5", **kw) -> YOLOv5Module:
+    """A 2-class yolov5 at width 0.125 with the parts conf/module/yolov5.yaml injects (SGD, linear schedule)."""
     torch.manual_seed(0)
     model = YOLOv5(num_classes=2, depth=0.33, width=0.125)
-    return YOLOv5Module(model, HYP, batch_size=batch_size, imgsz=IMGSZ, names=["a", "b"], nbs=nbs, **kw)
+    return YOLOv5Module(
+        model,
+        loss=partial(YOLOv5Loss.from_model, hyp=HYP, imgsz=IMGSZ, ciou_backend=ciou_backend),
+        optimizer=partial(torch.optim.SGD, lr=HYP["lr0"], momentum=HYP["momentum"], nesterov=True),
+        scheduler=partial(LinearLR, lrf=HYP["lrf"]),
+        metric=DetectionMAP() if map_backend == "yolov5" else COCOMap(),
+        names=["a", "b"],
+        weight_decay=HYP["weight_decay"],
+        warmup_epochs=HYP["warmup_epochs"],
+        warmup_momentum=HYP["warmup_momentum"],
+        warmup_bias_lr=HYP["warmup_bias_lr"],
+        nbs=nbs,
+        **kw,
+    )
 
 
 def trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:

@@ -12,7 +12,12 @@ import torch
 
 from yolo5l.loggers import CORE_COLUMNS, read_metrics_csv
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+TESTS = Path(__file__).parent
+# tests/ on the path of the subprocesses: the fault-injection callback (_fault.CrashAtEpoch) lives there.
+ENV = {
+    **os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0",
+    "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p),
+}  # fmt: skip
 
 
 def run_train(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -101,22 +106,61 @@ def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, mon
     assert gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["model=yolov9"], "unknown model 'yolov9': choose one of yolov5l, yolov5m, yolov5n, yolov5s, yolov5x"),
-        (["data.file=/no/such/data.yaml"], "dataset file '/no/such/data.yaml' not found"),
-        (["trainer.devices=2", "trainer.accelerator=cpu", "data.batch_size=15"], "does not divide by the 2 devices"),
-    ],
-)  # the other checks run in-process in test_config.py::test_validate_rejects_with_one_sentence
-def test_bad_config_one_line_exit_2(tmp_path, args, needle):
-    r = run_train(f"hydra.run.dir={tmp_path / 'run'}", "trainer.accelerator=cpu", *args, timeout=120)
+MISTAKES = [
+    ("train", ["model=yolov9"], "unknown model 'yolov9': choose one of yolov5l, yolov5m, yolov5n, yolov5s, yolov5x"),
+    ("train", ["data.file=/no/such/data.yaml"], "data.file='/no/such/data.yaml': file not found"),
+    ("train", ["trainer.devices=2", "trainer.accelerator=cpu", "data.batch_size=15"], "does not divide by the 2"),
+    ("train", ["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
+    ("train", ["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),
+    ("val", [], "weights= is required"),
+    ("val", ["weights={w}", "data.imgsz=100"], "data.imgsz=100 is not a positive multiple of 32"),
+    ("val", ["weights={w}", "module/metric=voc"], "unknown module/metric 'voc'"),
+    ("predict", ["source=a.jpg"], "weights= is required"),
+    ("predict", ["weights={w}", "source=/no/such/folder"], "source '/no/such/folder' not found"),
+    ("predict", ["weights=/no/w.pt", "source=a.jpg"], "weights='/no/w.pt': file not found"),
+]  # the same checks run in-process, one by one, in test_config.py
+
+
+@pytest.mark.parametrize(("entry", "args", "needle"), MISTAKES)
+def test_mistakes_are_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, args, needle):
+    w = tmp_path / "w.pt"
+    w.write_bytes(b"not read: the config check comes first")
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", f"yolo5l.{entry}", f"hydra.run.dir={run_dir}", *(a.format(w=w) for a in args)],
+        capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("error: ")
     assert needle in lines[-1]
     assert sum(ln.startswith("error:") for ln in lines) == 1
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["/no/such.pt", "{out}"], "/no/such.pt"),
+        (["{w}", "{w}"], "would overwrite the source"),
+        (["{w}", "{out}", "--num-classes", "0"], "--num-classes must be >= 1"),
+    ],
+)
+def test_convert_mistakes_are_one_line(tmp_path, args, needle):
+    w = tmp_path / "w.pt"
+    w.write_bytes(b"x")
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.convert", *(a.format(w=w, out=tmp_path / "out.pt") for a in args)],
+        capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0]
+    assert not (tmp_path / "out.pt").exists()
 
 
 def _assert_same_tensors(a: dict, b: dict, what: str) -> None:
@@ -143,7 +187,8 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, num_workers, cra
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     r = run_train(*smoke_args(straight, *common), timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run_train(*smoke_args(crashed, *common, "debug=crash", f"callbacks.crash.epoch={crash_epoch}"), timeout=600)
+    crash = ["+callbacks.crash._target_=_fault.CrashAtEpoch", f"+callbacks.crash.epoch={crash_epoch}"]
+    r = run_train(*smoke_args(crashed, *common, *crash), timeout=600)
     assert r.returncode != 0
     assert f"killing the process at the start of epoch {crash_epoch}" in r.stdout
     last = crashed / "run" / "checkpoints" / "last.ckpt"

@@ -131,7 +131,8 @@ def test_ddp_rank_caches_only_its_shard(synthetic, monkeypatch):
     assert set(ds.indices.tolist()) == cached  # mosaic partners come from the shard
     vcached = {i for i, a in enumerate(dm.val_dataset.cache.ram) if a is not None}
     assert vcached == set(dm.val_sampler.indices.tolist())
-    assert vcached == set(range(8, 10))  # 10 val images, batch 8: rank 1 gets the second batch
+    # 10 val images, total val batch 8 = 4 a rank: 3 batches, rank 1 gets the last two
+    assert vcached == set(range(4, 10))
 
 
 def test_on_after_batch_transfer_float_and_channels_last():
@@ -336,3 +337,18 @@ def test_labels_are_scanned_once_per_split(synthetic, monkeypatch):
     assert sorted(calls) == ["train", "val"]
     assert len(dm.train_dataset) > 0
     assert len(dm.val_dataset) > 0
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_small_validation_set_gives_every_rank_a_batch_and_counts_each_image_once(synthetic, monkeypatch, world):
+    # 10 validation images, total validation batch 32: the per-rank batch shrinks to the rank's share of the images,
+    # so no rank's loader is empty (Lightning refuses a zero-length loader on one rank) and no image is evaluated
+    # twice (no padding, so the mAP counts each image once).
+    shards = []
+    for rank in range(world):
+        dm = make_dm(synthetic, val_batch_size=32)
+        monkeypatch.setattr(dm, "_dist", lambda rank=rank: (rank, world))
+        dm.setup("validate")
+        assert len(dm.val_dataloader()) >= 1
+        shards.append(dm.val_sampler.indices.tolist())
+    assert sorted(i for shard in shards for i in shard) == list(range(10))

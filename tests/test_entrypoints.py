@@ -56,7 +56,7 @@ def test_val_prints_table_and_writes_metrics(smoke):
         "data.imgsz=128",
         "data.num_workers=0",
         "trainer=cpu",
-        "batch_size=8",
+        "data.val_batch_size=8",
         f"hydra.run.dir={out}",
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -96,7 +96,7 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
     common = [f"weights={smoke['weights']}", f"hydra.run.dir={smoke['tmp'] / f'gc_{entry}'}"]
     if entry == "val":
         args = [*common, f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",
-                "data.synthetic.num_val=16", "data.imgsz=128", "trainer=cpu", "batch_size=8"]  # fmt: skip
+                "data.synthetic.num_val=16", "data.imgsz=128", "trainer=cpu", "data.val_batch_size=8"]  # fmt: skip
     else:
         args = [*common, f"source={next(smoke['root'].rglob('*.jpg'))}", "imgsz=128", "device=cpu"]
     monkeypatch.setattr(sys, "argv", [f"yolo5l.{entry}", *args])
@@ -107,7 +107,7 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
     finally:
         gc.unfreeze()
         gc.enable()
-    assert seen == {"work": True, "frozen": seen["frozen"]}
+    assert seen["work"] is True
     assert seen["frozen"] > 10_000
     unfreeze_start_up()  # the run was cut short before it handed the frozen objects back
 
@@ -120,7 +120,8 @@ def test_val_channels_last_gives_the_same_metrics(smoke):
         r = run(
             "yolo5l.val", f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}",
             "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0",
-            "trainer=cpu", "trainer.precision=32", "batch_size=8", f"channels_last={flag}", f"hydra.run.dir={out}",
+            "trainer=cpu", "trainer.precision=32", "data.val_batch_size=8", f"module.channels_last={flag}",
+            f"hydra.run.dir={out}",
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         metrics[flag] = json.loads((out / "metrics.json").read_text())
@@ -131,17 +132,17 @@ def test_val_channels_last_gives_the_same_metrics(smoke):
 def test_val_coco_backend_and_a_bad_backend(smoke):
     common = [
         f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",
-        "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0", "trainer=cpu", "batch_size=8",
+        "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0", "trainer=cpu", "data.val_batch_size=8",
     ]  # fmt: skip
     out = smoke["tmp"] / "val_coco"
-    r = run("yolo5l.val", *common, "map_backend=coco", f"hydra.run.dir={out}")
+    r = run("yolo5l.val", *common, "module/metric=coco", f"hydra.run.dir={out}")
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0.0 <= metrics["val/map"] <= metrics["val/map_50"] <= 1.0
-    r = run("yolo5l.val", *common, "map_backend=voc", f"hydra.run.dir={smoke['tmp'] / 'val_bad'}")
+    r = run("yolo5l.val", *common, "module/metric=voc", f"hydra.run.dir={smoke['tmp'] / 'val_bad'}")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
-    assert "map_backend='voc' is not one of: yolov5, coco" in r.stderr
+    assert "unknown module/metric 'voc': choose one of coco, yolov5" in r.stderr
 
 
 def test_predict_writes_drawn_images_json_and_txt(smoke):

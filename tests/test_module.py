@@ -11,7 +11,7 @@ from _module_helpers import HYP, TinyData, collate, one_thread, tiny_module, tra
 
 from yolo5l.callbacks import EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
 from yolo5l.metrics import precision_recall_at_best_f1
-from yolo5l.module import LinearLR, OneCycleLR, build_optimizer, interp, param_groups, use_fused
+from yolo5l.optim import CosineLR, LinearLR, interp, optimizer_impl_kwargs, param_groups, yolov5_param_groups
 
 KEYS = {
     "train/loss_box", "train/loss_obj", "train/loss_cls", "train/loss", "train/lr0", "train/lr1", "train/lr2",
@@ -52,7 +52,7 @@ def _expected_steps(n_iter, nb, batch, nbs, warmup_epochs=3.0):
 
 @pytest.mark.usefixtures("one_thread")
 def test_warmup_accumulation_counts_optimizer_steps(tmp_path):
-    module = tiny_module(batch_size=2, nbs=40)
+    module = tiny_module(nbs=40)
     tr = trainer(tmp_path, max_epochs=3, limit_val_batches=0)
     tr.fit(module, TinyData(n=8, batch_size=2))
     expected = _expected_steps(12, 4, 2, 40)
@@ -67,7 +67,8 @@ def test_interp_and_schedules():
     assert interp(50, (0, 100), (0.1, 0.01)) == pytest.approx(0.055)
     assert interp(-1, (0, 100), (0.1, 0.01)) == 0.1
     assert interp(200, (0, 100), (0.1, 0.01)) == 0.01
-    lin, cos = LinearLR(300, 0.01), OneCycleLR(300, 0.01)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.01)
+    lin, cos = LinearLR(opt, 300, 0.01).lr_lambdas[0], CosineLR(opt, 300, 0.01).lr_lambdas[0]
     assert lin(0) == 1.0
     assert lin(300) == pytest.approx(0.01)
     assert lin(150) == pytest.approx(0.505)
@@ -84,39 +85,38 @@ def test_param_groups_and_optimizer():
     assert len(decay) == n_conv
     assert len(bn) == n_bn
     assert len(biases) == n_bn + 3  # BN biases + the 3 Detect conv biases
-    opt = build_optimizer("SGD", (biases, decay, bn), 0.01, 0.937, 5e-4)
+    groups = yolov5_param_groups(module.model, 5e-4)
+    assert [len(g["params"]) for g in groups] == [len(biases), len(decay), len(bn)]
+    opt = torch.optim.SGD(groups, lr=0.01, momentum=0.937, nesterov=True, **optimizer_impl_kwargs("foreach"))
     assert [g["weight_decay"] for g in opt.param_groups] == [0.0, 5e-4, 0.0]
-    assert opt.defaults["nesterov"]
     assert opt.defaults["foreach"]
-    adam = build_optimizer("AdamW", (biases, decay, bn), 0.001, 0.9, 5e-4)
-    assert adam.defaults["betas"] == (0.9, 0.999)
-    with pytest.raises(ValueError, match="optimizer"):
-        build_optimizer("Lion", (biases, decay, bn), 0.01, 0.9, 0.0)
-    assert use_fused("cuda", mixed_precision=False)
-    assert not use_fused("cuda", mixed_precision=True)
-    assert use_fused("cpu", mixed_precision=False)  # torch has fused SGD/Adam on the CPU too
-    assert not use_fused("mps", mixed_precision=False)
+    assert optimizer_impl_kwargs("fused") == {"fused": True}
+    assert optimizer_impl_kwargs("loop") == {"foreach": False}
 
 
 def test_weight_decay_scales_with_nominal_batch(tmp_path):
-    module = tiny_module(batch_size=24, nbs=64)
+    module = tiny_module(nbs=64)
     tr = trainer(tmp_path, max_epochs=1)
     module.trainer = tr
+    tr.datamodule = TinyData(batch_size=24)
     cfg = module.configure_optimizers()
     # bs 24: accumulate round(64/24) = 3, decay 5e-4 * 24 * 3 / 64 = 5.625e-4 (A.6)
     assert cfg["optimizer"].param_groups[1]["weight_decay"] == pytest.approx(5.625e-4)
 
 
 def test_bad_inputs_are_named():
+    from yolo5l.metrics import DetectionMAP
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.module import YOLOv5Module
 
-    with pytest.raises(KeyError, match="lr0"):
-        YOLOv5Module(YOLOv5(2, 0.33, 0.125), {k: v for k, v in HYP.items() if k != "lr0"}, 4, 64, ["a", "b"])
+    parts = {"loss": torch.nn.Identity(), "optimizer": None, "scheduler": None, "metric": DetectionMAP()}
     with pytest.raises(ValueError, match="class names"):
-        YOLOv5Module(YOLOv5(2, 0.33, 0.125), HYP, 4, 64, ["a"])
-    with pytest.raises(ValueError, match="map_backend"):
-        YOLOv5Module(YOLOv5(2, 0.33, 0.125), HYP, 4, 64, ["a", "b"], map_backend="voc")
+        YOLOv5Module(YOLOv5(2, 0.33, 0.125), names=["a"], **parts)
+    with pytest.raises(ValueError, match="optimizer_impl"):
+        YOLOv5Module(YOLOv5(2, 0.33, 0.125), names=["a", "b"], optimizer_impl="x", **parts)
+    module = YOLOv5Module(YOLOv5(2, 0.33, 0.125), names=["a", "b"], **parts)
+    with pytest.raises(ValueError, match="can only validate"):
+        module.configure_optimizers()
 
 
 @pytest.mark.usefixtures("one_thread")

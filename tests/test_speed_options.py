@@ -12,7 +12,7 @@ from torch import nn
 
 from yolo5l.callbacks import EMACallback
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.module import build_optimizer, param_groups, resolve_optimizer_impl
+from yolo5l.optim import optimizer_impl_kwargs, resolve_optimizer_impl, yolov5_param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +88,9 @@ def test_fused_foreach_and_loop_optimizers_agree(name):
     for impl in ("loop", "foreach", "fused"):
         model = YOLOv5(num_classes=2, depth=0.33, width=0.125)
         model.load_state_dict(base.state_dict())
-        opt = build_optimizer(name, param_groups(model), 0.01, 0.937, 5e-4, impl=impl)
+        kinds = {"SGD": (torch.optim.SGD, {"momentum": 0.937, "nesterov": True}), "AdamW": (torch.optim.AdamW, {})}
+        cls, kw = kinds[name]
+        opt = cls(yolov5_param_groups(model, 5e-4), lr=0.01, **kw, **optimizer_impl_kwargs(impl))
         assert opt.defaults.get("fused") is (True if impl == "fused" else None)
         for step in grads:
             for p, g in zip(model.parameters(), step, strict=True):
@@ -225,10 +227,12 @@ def test_ciou_backend_reaches_the_loss():
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_tune_malloc_option_applies_in_setup(monkeypatch, enabled):
+def test_tune_malloc_option_is_applied_by_the_hardware_policy(monkeypatch, enabled):
+    from yolo5l import hardware
+
     calls = []
-    monkeypatch.setattr("yolo5l.module.tune_malloc", lambda: calls.append(1) or True)
-    tiny_module(tune_malloc=enabled).setup("fit")
+    monkeypatch.setattr("yolo5l.hostmem.tune_malloc", lambda: calls.append(1) or True)
+    assert hardware.tune_host_memory(enabled) is enabled
     assert calls == ([1] if enabled else [])
 
 

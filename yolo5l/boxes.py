@@ -20,9 +20,6 @@ from yolo5l_kernels.reference import xywh_to_xyxy
 
 __all__ = ["clip_boxes", "non_max_suppression", "scale_boxes", "xywh_to_xyxy"]
 
-# The old name yolo5l/module.py still imports: the same function, not a second definition.
-xywh2xyxy = xywh_to_xyxy
-
 # _nms_best_first: the best _NMS_FIRST_TAKE x max_det candidates of an image first, _NMS_GROWTH x as many a retry.
 _NMS_FIRST_TAKE, _NMS_GROWTH = 2, 4
 

@@ -18,7 +18,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from yolo5l._cli import (
-    UserError,
     guarded,
     print_outputs,
     relpath,
@@ -26,7 +25,9 @@ from yolo5l._cli import (
     run_entry_point,
     unfreeze_start_up,
 )
+from yolo5l.config import check_predict_config
 from yolo5l.data.layout import IMG_FORMATS
+from yolo5l.errors import UserError
 
 IMAGE_SUFFIXES = {f".{s}" for s in IMG_FORMATS}
 
@@ -53,13 +54,11 @@ def predict(cfg: DictConfig) -> list[dict]:
     from yolo5l.boxes import non_max_suppression, scale_boxes
     from yolo5l.data.augment import letterbox
     from yolo5l.data.images import read_image
+    from yolo5l.hardware import inference_device
     from yolo5l.weights import load_weights
 
-    if not Path(str(cfg.weights)).is_file():
-        raise UserError(f"weights file {str(cfg.weights)!r} not found")
+    check_predict_config(cfg)
     imgsz = int(cfg.imgsz)
-    if imgsz % 32:
-        raise UserError(f"imgsz={imgsz} is not a multiple of 32")
     source = OmegaConf.to_container(cfg.source) if OmegaConf.is_list(cfg.source) else str(cfg.source)
     files = list_images(source)
     try:
@@ -67,13 +66,7 @@ def predict(cfg: DictConfig) -> list[dict]:
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     names = list(cfg.names) if cfg.get("names") else list(getattr(info, "names", None) or range(model.num_classes))
-    device = torch.device(
-        "cuda"
-        if cfg.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if cfg.device == "auto"
-        else str(cfg.device)
-    )
+    device = inference_device(str(cfg.device))
     model = model.fuse().eval().to(device)
     out = Path(HydraConfig.get().runtime.output_dir)
     (out / "labels").mkdir(parents=True, exist_ok=True)

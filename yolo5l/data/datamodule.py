@@ -34,6 +34,7 @@ from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import DatasetSpec, load_dataset_file
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.synthetic import ensure_synthetic
+from yolo5l.hardware import loader_workers
 
 
 # --------------------------------------------------------------------------------------------- samplers
@@ -159,12 +160,11 @@ class YOLODataModule(LightningDataModule):
         synthetic: Keyword arguments of :func:`~yolo5l.data.synthetic.ensure_synthetic` (``root``, ``num_train``,
             ``num_val``, ``seed``) used when ``file`` is None.
         imgsz: Training image size (and validation long side); a multiple of 32.
-        batch_size: Training batch per device.
-        num_workers: DataLoader worker processes per rank, or "auto": on an accelerator min(8, CPU cores per local
-            device) as YOLOv5; on the CPU 0, since there the compute threads use every core and worker processes
-            preempt them mid-operation: with yolov5s at 320 on 2 cores, 0 workers trained at 18.3-19.3 img/s against
-            15.2-18.8 with 2 (alternating runs of ``scripts/bench_train.py --workers 0|2``), the batches being
-            prepared in the main thread for ~5% of the step.
+        batch_size: Training batch over all devices, as YOLOv5's ``--batch-size``: each of the Trainer's
+            ``world_size`` ranks loads ``batch_size / world_size`` images a step.
+        num_workers: DataLoader worker processes per rank, or "auto" (``yolo5l.hardware.loader_workers``: on an
+            accelerator min(8, CPU cores per local device) as YOLOv5; on the CPU 0, since there the compute threads
+            use every core and worker processes would preempt them mid-operation).
         cache: Image cache: "none", "ram" or "disk".
         cache_dir: Disk cache folder (default beside the images, or a user cache dir if that is read-only).
         persistent_workers: Keep workers between epochs (only when num_workers > 0).
@@ -172,7 +172,8 @@ class YOLODataModule(LightningDataModule):
         prefetch_factor: Batches prefetched per worker (only when num_workers > 0).
         hyp: The ``conf/hyp`` mapping (augmentation keys are read; defaults are scratch-low's).
         close_mosaic: Switch mosaic off for the last N epochs (needs ``trainer.max_epochs``).
-        val_batch_size: Validation batch per device; default 2 x ``batch_size``.
+        val_batch_size: Validation batch over all devices; default 2 x ``batch_size``. A rank's share is capped at
+            its share of the validation images, so every rank gets at least one batch.
         val_num_workers: Validation loader workers per rank; None means the training loader's count on an
             accelerator and 0 on the CPU (an explicit ``num_workers`` on the CPU still gets 0 here: the validation
             batches are cheap, and workers forked at the first validation, after training grew the heap, compete
@@ -283,7 +284,7 @@ class YOLODataModule(LightningDataModule):
         if stage in (None, "fit") and self.train_dataset is None:
             index = self._scan("train")
             ds = YOLODataset(
-                index, self.imgsz, augment=True, hyp=self.hyp, batch_size=self.batch_size, cache=self.cache,
+                index, self.imgsz, augment=True, hyp=self.hyp, batch_size=self.rank_batch_size, cache=self.cache,
                 cache_dir=self.cache_dir, prefix="train: ",
             )  # fmt: skip
             self.train_sampler = ShardSampler(len(ds), rank, world, seed=self.seed)
@@ -294,11 +295,12 @@ class YOLODataModule(LightningDataModule):
             self._print("train", f"{index.report.summary('train')}{shard}; {cache_line.removeprefix(ds.prefix)}")
         if stage in (None, "fit", "validate") and self.val_dataset is None:
             index = self._scan("val")
+            val_batch = self.rank_val_batch_size(len(index.im_files))
             ds = YOLODataset(
-                index, self.imgsz, augment=False, hyp=self.hyp, batch_size=self.val_batch_size, cache=self.cache,
+                index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch, cache=self.cache,
                 cache_dir=self.cache_dir, prefix="val: ",
             )  # fmt: skip
-            self.val_sampler = ValShardSampler(len(ds), self.val_batch_size, rank, world)
+            self.val_sampler = ValShardSampler(len(ds), val_batch, rank, world)
             ds.set_indices(self.val_sampler.indices)
             cache_line = ds.fill_cache()
             self.val_dataset = ds
@@ -306,6 +308,17 @@ class YOLODataModule(LightningDataModule):
             self._print("val", f"{index.report.summary('val')}{shard}; {cache_line.removeprefix(ds.prefix)}")
 
     # ----------------------------------------------------------------------------------------- loaders
+    @property
+    def rank_batch_size(self) -> int:
+        """The training batch one rank loads: ``batch_size / world_size`` (the config checks it divides)."""
+        return max(1, self.batch_size // self._dist()[1])
+
+    def rank_val_batch_size(self, num_images: int) -> int:
+        """The validation batch one rank loads: its share of ``val_batch_size``, at most its share of the images
+        (a larger batch would leave a rank of a small validation set without any batch)."""
+        world = self._dist()[1]
+        return max(1, min(self.val_batch_size // world, num_images // world))
+
     def _uses_accelerator(self) -> bool:
         trainer = getattr(self, "trainer", None)
         if trainer is None:
@@ -314,13 +327,9 @@ class YOLODataModule(LightningDataModule):
 
     def train_workers(self) -> int:
         """The training loader's worker count (``num_workers`` resolved, see the class docstring)."""
-        if self.num_workers != "auto":
-            return int(self.num_workers)
-        if not self._uses_accelerator():
-            return 0
         trainer = getattr(self, "trainer", None)
         local_devices = max(1, int(getattr(trainer, "num_devices", 1) or 1)) if trainer is not None else 1
-        return min(8, max(1, (os.cpu_count() or 1) // local_devices))
+        return loader_workers(self.num_workers, self._uses_accelerator(), local_devices)
 
     def _val_workers(self) -> int:
         if self.val_num_workers is not None:
@@ -370,7 +379,7 @@ class YOLODataModule(LightningDataModule):
             # at epoch N would replay epoch 0's order and augmentation keys. Set the epoch the loop is about to run.
             self.train_sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
         rank = self._dist()[0]
-        return self._loader(self.train_dataset, self.train_sampler, self.batch_size, rank, self.train_workers())
+        return self._loader(self.train_dataset, self.train_sampler, self.rank_batch_size, rank, self.train_workers())
 
     def val_dataloader(self) -> DataLoader:
         """Validation loader: rectangular batches, this rank's contiguous run of them."""
@@ -379,7 +388,7 @@ class YOLODataModule(LightningDataModule):
         assert self.val_dataset is not None
         assert self.val_sampler is not None
         return self._loader(
-            self.val_dataset, self.val_sampler, self.val_batch_size, self._dist()[0], self._val_workers()
+            self.val_dataset, self.val_sampler, self.val_dataset.batch_size, self._dist()[0], self._val_workers()
         )
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
