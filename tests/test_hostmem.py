@@ -41,6 +41,7 @@ def _faults(mode: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.bench  # counts page faults of the whole process: a measurement, kept out of the default run
 def test_tuned_malloc_stops_page_faults_of_reused_buffers():
     untuned, tuned = _faults("default"), _faults("tuned")
     assert untuned > 20_000  # glibc's defaults hand these buffers back and fault ~150k pages in again
