@@ -2,10 +2,9 @@
 
 An ultralytics ``.pt`` file is a full pickle of ``models.yolo.DetectionModel``; ``torch.load(weights_only=True)``
 refuses it and ``weights_only=False`` would run whatever the pickle says. :func:`load_ultralytics` reads it without
-ultralytics installed and without executing pickled code: a restricted unpickler admits only an explicit list of
-globals (torch's tensor rebuilders, ``OrderedDict``, ``set``, paths, numpy scalars) and turns the pickled module
-classes (``models.common.Conv``, ``torch.nn.Conv2d``, ...) into inert stand-ins that only hold their ``__dict__``.
-Anything else is refused, naming the file and the global.
+ultralytics installed and without executing pickled code, through :mod:`yolo5l.safe_pickle`: only an explicit list
+of globals is admitted, the pickled module classes become inert stand-ins, and anything else is refused, naming the
+file and the global.
 
 A yolo5l weights file (written by :func:`save_weights`: training's ``weights.pt``, ``python -m yolo5l.convert``) is
 a plain dict ``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
@@ -17,15 +16,11 @@ Reference: ultralytics/yolov5 v7.0 train.py (``intersect_dicts`` by key and shap
 
 from __future__ import annotations
 
-import _compat_pickle
-import codecs
-import collections
 import logging
 import os
 import pathlib
 import pickle
 import tempfile
-import types
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -37,6 +32,7 @@ from torch import Tensor
 
 from yolo5l.errors import UserError
 from yolo5l.models.yolo import _LAYERS, STRIDES, YOLOv5
+from yolo5l.safe_pickle import StandIn, UnsafeCheckpointError, restricted_pickle
 
 log = logging.getLogger(__name__)
 
@@ -60,26 +56,6 @@ class _NotYolo5lCheckpoint(ValueError):
     """The file is not in yolo5l's checkpoint format (lets :func:`load_weights` try the ultralytics format)."""
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
-    """A pickle asked for a global outside the allow-list; nothing it referred to was called.
-
-    Also a ``ValueError``, so callers that report bad input files by catching ``ValueError`` report this too.
-
-    Attributes:
-        module: Module of the refused global.
-        name: Name of the refused global.
-    """
-
-    def __init__(self, module: str, name: str, path: str | os.PathLike[str] | None = None) -> None:
-        self.module, self.name, self.path = module, name, path
-        where = f"{os.fspath(path)}: " if path is not None else ""
-        super().__init__(
-            f"{where}refused to unpickle global '{module}.{name}': it is not part of an ultralytics/yolov5 "
-            "checkpoint, and loading it could run code. Only load files you trust; yolo5l reads yolov5 v6-v7 "
-            "DetectionModel checkpoints and yolo5l checkpoints."
-        )
-
-
 @dataclass
 class LoadInfo:
     """What a load transferred.
@@ -99,124 +75,6 @@ class LoadInfo:
     total: int
     skipped: list[str] = field(default_factory=list)
     file_num_classes: int = 0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The restricted unpickler
-# ---------------------------------------------------------------------------------------------------------------
-
-
-class _StandIn:
-    """Inert stand-in for a pickled module object: pickle's BUILD fills ``__dict__``, nothing else runs."""
-
-    pickled_as = ""
-    # torch's legacy (non-zip) reader compares saved class sources and, with dump_patches, writes .patch files.
-    dump_patches = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # REDUCE of old protocols calls cls(*args)
-        pass
-
-    def __repr__(self) -> str:
-        return f"<stand-in for {self.pickled_as}>"
-
-
-# Module classes an ultralytics/yolov5 v6-v7 pickle refers to (+ v5-era Focus/SPP, other activations and the v7
-# segmentation/classification models, so that such files fail later with a clear architecture message).
-_MODULE_CLASSES: dict[str, tuple[str, ...]] = {
-    "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
-    "models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
-    "torch.nn.modules.activation": ("SiLU", "ReLU", "LeakyReLU", "Hardswish"),
-    "torch.nn.modules.batchnorm": ("BatchNorm2d",),
-    "torch.nn.modules.container": ("ModuleList", "Sequential"),
-    "torch.nn.modules.conv": ("Conv2d",),
-    "torch.nn.modules.linear": ("Identity",),
-    "torch.nn.modules.pooling": ("MaxPool2d",),
-    "torch.nn.modules.upsampling": ("Upsample",),
-}
-_STAND_INS: dict[tuple[str, str], type[_StandIn]] = {
-    (mod, name): type(name, (_StandIn,), {"pickled_as": f"{mod}.{name}", "__module__": __name__})
-    for mod, names in _MODULE_CLASSES.items()
-    for name in names
-}
-_STORAGES = (
-    "FloatStorage", "HalfStorage", "DoubleStorage", "BFloat16Storage", "LongStorage", "IntStorage", "ShortStorage",
-    "CharStorage", "ByteStorage", "BoolStorage",
-)  # fmt: skip
-_DTYPES = ("float16", "float32", "float64", "bfloat16", "int64", "int32", "uint8", "bool")
-
-
-def _numpy_global(name: str) -> Any:
-    import numpy as np
-
-    if name == "dtype":
-        return np.dtype
-    core = getattr(np, "_core", None) or np.core  # numpy 2 moved numpy.core to numpy._core
-    return core.multiarray.scalar
-
-
-def _allowed_global(module: str, name: str) -> Any:
-    """Resolve one admitted global, or raise :class:`UnsafeCheckpointError`."""
-    key = (module, name)
-    if key in _STAND_INS:
-        return _STAND_INS[key]
-    if key == ("collections", "OrderedDict"):
-        return collections.OrderedDict
-    if module == "builtins" and name in ("set", "frozenset"):
-        return {"set": set, "frozenset": frozenset}[name]
-    if module in ("pathlib", "pathlib._local") and name in ("PosixPath", "PurePosixPath"):
-        return pathlib.PurePosixPath  # pure paths: constructible on any OS, never touch the file system
-    if module in ("pathlib", "pathlib._local") and name in ("WindowsPath", "PureWindowsPath"):
-        return pathlib.PureWindowsPath
-    if module == "torch._utils" and name in (
-        "_rebuild_tensor",
-        "_rebuild_tensor_v2",
-        "_rebuild_tensor_v3",
-        "_rebuild_parameter",
-        "_rebuild_parameter_with_state",
-    ):
-        return getattr(torch._utils, name)
-    if module == "torch" and (name in _STORAGES or name in _DTYPES):
-        return getattr(torch, name)
-    if key == ("_codecs", "encode"):  # protocol 2 pickles bytes (e.g. a numpy scalar's payload) as encode(str)
-        return codecs.encode
-    if key in (("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("numpy", "dtype")):
-        return _numpy_global(name)
-    raise UnsafeCheckpointError(module, name)
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` whose ``find_class`` admits only :func:`_allowed_global`'s list.
-
-    Every way a pickle names a global (GLOBAL, STACK_GLOBAL, INST, OBJ, EXT*) goes through ``find_class``, so
-    nothing outside the list is ever imported or called. torch's ``persistent_load`` (set on the instance by
-    ``torch.load``) still supplies the tensor storages of zip-format files.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        # Protocol-2 pickles spell Python 3 names the Python 2 way (`__builtin__ set`); map them as pickle does.
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        return _allowed_global(module, name)
-
-
-def _restricted_load(file: Any, **kwargs: Any) -> Any:
-    return _RestrictedUnpickler(file, **kwargs).load()
-
-
-def _restricted_loads(data: bytes, **kwargs: Any) -> Any:
-    import io
-
-    return _RestrictedUnpickler(io.BytesIO(data), **kwargs).load()
-
-
-# A module-like object for ``torch.load(pickle_module=...)``: torch subclasses ``Unpickler`` (its wrapper's
-# ``find_class`` maps storage names, then defers to ours) and calls ``load`` for the legacy format's headers.
-restricted_pickle = types.ModuleType("yolo5l.weights.restricted_pickle")
-restricted_pickle.Unpickler = _RestrictedUnpickler  # type: ignore[attr-defined]
-restricted_pickle.load = _restricted_load  # type: ignore[attr-defined]
-restricted_pickle.loads = _restricted_loads  # type: ignore[attr-defined]
-restricted_pickle.UnpicklingError = pickle.UnpicklingError  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,10 +112,10 @@ def _unpickle_ultralytics(path: str) -> Any:
 
 
 def _module_dict(obj: Any) -> dict[str, Any]:
-    return obj.__dict__ if isinstance(obj, _StandIn) else {}
+    return obj.__dict__ if isinstance(obj, StandIn) else {}
 
 
-def _collect_state_dict(obj: _StandIn, prefix: str = "", out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+def _collect_state_dict(obj: StandIn, prefix: str = "", out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
     """Walk ``_parameters``/``_buffers``/``_modules`` of the stand-in tree as ``nn.Module.state_dict`` does."""
     out = {} if out is None else out
     d = _module_dict(obj)
@@ -269,20 +127,20 @@ def _collect_state_dict(obj: _StandIn, prefix: str = "", out: dict[str, Tensor] 
         if isinstance(v, Tensor) and k not in non_persistent:
             out[prefix + k] = v
     for k, m in (d.get("_modules") or {}).items():
-        if isinstance(m, _StandIn):
+        if isinstance(m, StandIn):
             _collect_state_dict(m, f"{prefix}{k}.", out)
     return out
 
 
-def _find_model(ckpt: Any, path: str) -> _StandIn:
-    if isinstance(ckpt, _StandIn):
+def _find_model(ckpt: Any, path: str) -> StandIn:
+    if isinstance(ckpt, StandIn):
         return ckpt
     if isinstance(ckpt, Mapping):
         if "model_config" in ckpt and "state_dict" in ckpt:
             raise ValueError(f"{path}: a yolo5l checkpoint, not an ultralytics one; use yolo5l.weights.load_checkpoint")
         # Like yolov5's attempt_load: the EMA weights when present (training checkpoints), else `model`.
         for key in ("ema", "model"):
-            if isinstance(ckpt.get(key), _StandIn):
+            if isinstance(ckpt.get(key), StandIn):
                 return ckpt[key]
         raise ValueError(
             f"{path}: no yolov5 model in this file (keys: {sorted(map(str, ckpt))}); "
@@ -291,7 +149,7 @@ def _find_model(ckpt: Any, path: str) -> _StandIn:
     raise ValueError(f"{path}: holds a {type(ckpt).__name__}, not a yolov5 checkpoint dict")
 
 
-def _check_architecture(model: _StandIn, path: str) -> list[_StandIn]:
+def _check_architecture(model: StandIn, path: str) -> list[StandIn]:
     seq = _module_dict(model).get("_modules", {}).get("model")
     layers = list((_module_dict(seq).get("_modules") or {}).values())
     found = [type(m).__name__ for m in layers]
@@ -315,7 +173,7 @@ def _check_architecture(model: _StandIn, path: str) -> list[_StandIn]:
     return layers
 
 
-def _file_names(model: _StandIn, nc: int) -> list[str]:
+def _file_names(model: StandIn, nc: int) -> list[str]:
     names = _module_dict(model).get("names")
     if isinstance(names, Mapping):
         names = [names[k] for k in sorted(names)]
