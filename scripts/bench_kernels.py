@@ -8,9 +8,12 @@ Prints forward+backward medians and speed-ups (unfused time / fused time) for:
 - nearest-2x upsample of a (16, 32, 80, 80) tensor (YOLOv5s's first P4->P3 upsample at batch 16, 640 px):
   ``F.interpolate`` vs ``upsample_nearest2x``, contiguous and channels_last;
 - BatchNorm (training) + SiLU over the 57 Conv blocks of yolov5s at 320 px, batch 16, channels_last, bf16 and
-  fp32: ``F.silu(bn(x))`` (under autocast for bf16) vs ``yolo5l_kernels.bn_silu`` (CPU only), alternating.
+  fp32: ``F.silu(bn(x))`` (under autocast for bf16) vs ``yolo5l_kernels.bn_silu`` (CPU only), alternating;
+- one yolov5s-like ``Conv`` block (3x3 conv, BatchNorm, SiLU; batch 16, 64 channels, 80x80, channels_last) in
+  training, bf16 autocast and fp32, eager vs ``torch.compile`` (inductor), each with PyTorch's BatchNorm + SiLU and
+  with the fused op (``fused_bn_act``), then the block without its conv (CPU only, skipped by ``--no-compile``).
 
-Usage: ``python scripts/bench_kernels.py [--threads 1] [--repeats 20] [--no-compile] [--only bn_silu]``.
+Usage: ``python scripts/bench_kernels.py [--threads 1] [--repeats 20] [--no-compile] [--only bn_silu|conv_compile]``.
 """
 
 from __future__ import annotations
@@ -155,14 +158,70 @@ def bench_bn_silu(repeats: int, imgsz: int = 320, batch: int = 16) -> None:
         print(f"{str(dtype).removeprefix('torch.'):>10} {u:>9.1f} {f:>9.1f} {u / f:>9.2f}")
 
 
+def bench_conv_compile(repeats: int, batch: int = 16, channels: int = 64, size: int = 80) -> None:
+    """One Conv block forward+backward: eager vs torch.compile, with and without the fused BatchNorm + SiLU op.
+
+    Then the same block without its conv (BatchNorm + SiLU alone), where the conv does not hide the difference.
+    """
+    from yolo5l_kernels.bn_silu import fused_available
+
+    fused_modes = (False, True) if fused_available() else (False,)
+    shape = (batch, channels, size, size)
+    nt = torch.get_num_threads()
+    header = "".join(
+        f" {'eager ' + n:>14} {'compiled ' + n:>15} {'speed-up':>9} {'compile':>8}" for n in ("unfused", "fused")
+    )
+    for with_conv in (True, False):
+        what = "Conv block (3x3 conv, BatchNorm, SiLU)" if with_conv else "The block without its conv (BatchNorm, SiLU)"
+        print(f"\n{what} forward+backward in training, {shape} channels_last,")
+        print(f"{nt} thread(s) (median ms; speed-up = eager / compiled; compile = first compiled call, s)")
+        print(f"{'dtype':>10}{header}")
+        for dtype in (torch.bfloat16, torch.float32):
+            bf16 = dtype == torch.bfloat16
+            # The block's input is the previous block's output: bf16 under autocast.
+            x = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last).requires_grad_()
+            g = torch.randn(shape).to(dtype).contiguous(memory_format=torch.channels_last)
+            row = f"{str(dtype).removeprefix('torch.'):>10}"
+            for fused in fused_modes:
+                torch.manual_seed(0)
+                block = Conv(channels, channels, 3).to(memory_format=torch.channels_last).train()
+                if not with_conv:
+                    block.conv = torch.nn.Identity()
+                block.fused_bn_act = fused
+                torch._dynamo.reset()  # a fresh compile per variant, timed
+                compiled = torch.compile(block)
+
+                def step(f: Callable[[torch.Tensor], torch.Tensor], x=x, g=g, bf16=bf16) -> None:
+                    with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                        z = f(x)
+                    x.grad = None  # a fresh input gradient each step, as in a network
+                    z.backward(g)
+
+                t0 = time.perf_counter()
+                step(compiled)
+                t_compile = time.perf_counter() - t0
+                t_e, t_c = [], []
+                n = max(repeats // 4, 2)
+                for _ in range(3):  # alternate, so that a busy neighbour slows both
+                    t_e.append(_median_us(lambda block=block, step=step: step(block), "cpu", n, 1))
+                    t_c.append(_median_us(lambda c=compiled, step=step: step(c), "cpu", n, 1))
+                e, c = statistics.median(t_e) / 1e3, statistics.median(t_c) / 1e3
+                row += f" {e:>14.1f} {c:>15.1f} {e / c:>9.2f} {t_compile:>8.1f}"
+            print(row)
+    if len(fused_modes) == 1:
+        print("(fused op unavailable: no C compiler)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: a shared machine)")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile CIoU backend")
-    p.add_argument("--only", choices=("all", "ciou", "upsample", "bn_silu"), default="all")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile (CIoU backend, Conv block)")
+    p.add_argument("--only", choices=("all", "ciou", "upsample", "bn_silu", "conv_compile"), default="all")
     p.add_argument("--imgsz", type=int, default=320, help="BatchNorm + SiLU: yolov5s's shapes at this image size")
-    p.add_argument("--batch", type=int, default=16, help="BatchNorm + SiLU: ... and this batch")
+    p.add_argument("--batch", type=int, default=16, help="BatchNorm + SiLU, Conv block: this batch")
+    p.add_argument("--conv-channels", type=int, default=64, help="Conv block: channels in and out")
+    p.add_argument("--conv-size", type=int, default=80, help="Conv block: height and width")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -180,6 +239,8 @@ def main() -> None:
             bench_upsample(device, args.repeats)
         if args.only in ("all", "bn_silu") and device == "cpu":
             bench_bn_silu(args.repeats, args.imgsz, args.batch)
+        if args.only in ("all", "conv_compile") and device == "cpu" and not args.no_compile:
+            bench_conv_compile(args.repeats, args.batch, args.conv_channels, args.conv_size)
 
 
 if __name__ == "__main__":
