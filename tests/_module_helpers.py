@@ -1,4 +1,9 @@
-"""Tiny model, datasets and module factory shared by tests/test_module.py and tests/test_callbacks.py."""
+"""Tiny model, dataset and module factory behind the fixtures of tests/conftest.py (`tiny_module`, `tiny_data`,
+`tiny_collate`, `make_trainer`).
+
+A plain module: conftest.py imports it (pytest puts tests/ on sys.path, it has no __init__.py); tests take the
+fixtures instead of importing it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import time
 from functools import partial
 
 import lightning.pytorch as pl
-import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -89,7 +93,8 @@ def tiny_module(nbs: int = 8, ciou_backend: str = "auto", map_backend: str = "yo
     )
 
 
-def trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
+def make_trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
+    """A quiet single-device CPU trainer for 2 epochs; checkpointing on only when a callback has a `dirpath`."""
     args = {
         "accelerator": "cpu", "devices": 1, "max_epochs": 2, "logger": False, "enable_progress_bar": False,
         "enable_model_summary": False, "num_sanity_val_steps": 0, "default_root_dir": str(tmp_path),
@@ -98,11 +103,3 @@ def trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
     args.update(kw)
     return pl.Trainer(callbacks=list(callbacks), **args)
 
-
-@pytest.fixture
-def one_thread():
-    """Tiny models run fastest single-threaded on the shared CPU (two threads oversubscribe under load)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

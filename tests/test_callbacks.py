@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
@@ -12,9 +10,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _module_helpers import TinyData, one_thread, tiny_module, trainer  # noqa: F401 (one_thread: fixture)
 
 from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
 from yolo5l.weights import load_checkpoint
@@ -101,23 +96,30 @@ class _StopAfter(pl.Callback):
             trainer.should_stop = True
 
 
-def _fit(tmp_path, max_epochs, stop_after=None, ckpt_path=None, ckpt_dir="ck"):
-    module = tiny_module()
-    ema = EMACallback(decay=0.9999, tau=3)
-    cbs = [ema, LastCheckpoint(dirpath=tmp_path / ckpt_dir)]
-    if stop_after is not None:
-        cbs.append(_StopAfter(stop_after))
-    tr = trainer(tmp_path, cbs, max_epochs=max_epochs, plugins=[AtomicCheckpointIO()])
-    tr.fit(module, TinyData(), ckpt_path=ckpt_path)
-    return tr, module, ema
+@pytest.fixture
+def fit_ema(tiny_module, tiny_data, make_trainer):
+    """`fit_ema(tmp_path, max_epochs, stop_after=None, ckpt_path=None)`: the tiny module trained with an EMA and
+    last.ckpt in `tmp_path/ck`, atomically written; returns (trainer, module, EMACallback)."""
+
+    def fit(tmp_path, max_epochs, stop_after=None, ckpt_path=None, ckpt_dir="ck"):
+        module = tiny_module()
+        ema = EMACallback(decay=0.9999, tau=3)
+        cbs = [ema, LastCheckpoint(dirpath=tmp_path / ckpt_dir)]
+        if stop_after is not None:
+            cbs.append(_StopAfter(stop_after))
+        tr = make_trainer(tmp_path, cbs, max_epochs=max_epochs, plugins=[AtomicCheckpointIO()])
+        tr.fit(module, tiny_data(), ckpt_path=ckpt_path)
+        return tr, module, ema
+
+    return fit
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
+def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path, fit_ema):
     # uninterrupted: 3 epochs
-    tr_a, mod_a, ema_a = _fit(tmp_path / "a", 3)
+    tr_a, mod_a, ema_a = fit_ema(tmp_path / "a", 3)
     # interrupted after epoch 0, then resumed from last.ckpt to the same 3 epochs
-    tr_b, _, _ = _fit(tmp_path / "b", 3, stop_after=0)
+    tr_b, _, _ = fit_ema(tmp_path / "b", 3, stop_after=0)
     last = tmp_path / "b" / "ck" / "last.ckpt"
     assert last.exists()
     assert tr_b.current_epoch == 1
@@ -126,7 +128,7 @@ def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
     assert "current_model_state" in ck
     assert ck["callbacks"][next(k for k in ck["callbacks"] if "EMACallback" in k)] == {"updates": 2}
     assert not any(p.name.endswith(".tmp") for p in last.parent.iterdir())
-    tr_c, mod_c, ema_c = _fit(tmp_path / "b", 3, ckpt_path=last)
+    tr_c, mod_c, ema_c = fit_ema(tmp_path / "b", 3, ckpt_path=last)
     assert tr_c.current_epoch == 3
     assert tr_c.global_step == tr_a.global_step == 6
     assert ema_c.updates == ema_a.updates == 6
@@ -140,8 +142,8 @@ def test_last_checkpoint_each_epoch_and_resume_equivalence(tmp_path):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_stripped_weights_small_and_loadable(tmp_path):
-    _fit(tmp_path, 1)
+def test_stripped_weights_small_and_loadable(tmp_path, fit_ema):
+    fit_ema(tmp_path, 1)
     w, last = tmp_path / "ck" / "weights.pt", tmp_path / "ck" / "last.ckpt"
     assert w.exists()
     assert w.stat().st_size < last.stat().st_size / 3
@@ -215,7 +217,9 @@ def test_throughput_monitor_warns_on_slow_data(tmp_path):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(tmp_path):
+def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(
+    tmp_path, tiny_module, tiny_data, make_trainer
+):
     import cv2
     import numpy as np
     from lightning.pytorch.loggers import TensorBoardLogger
@@ -225,8 +229,8 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(tmp_pat
     from yolo5l.callbacks.batch_plotter import BOX_COLOR, draw_batch
 
     logger = TensorBoardLogger(tmp_path, name="", version="")
-    tr = trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)
-    tr.fit(tiny_module(), TinyData())
+    tr = make_trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)
+    tr.fit(tiny_module(), tiny_data())
     logger.experiment.flush()
     acc = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
     acc.Reload()
@@ -239,7 +243,7 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(tmp_pat
     r, g, b = (img[..., k].astype(int) for k in range(3))
     assert ((r > 180) & (g > 180) & (b < 120)).sum() > 100
     # the drawing itself: boxes change only yellow pixels of the bare mosaic
-    images, targets, *_ = next(iter(TinyData().train_dataloader()))
+    images, targets, *_ = next(iter(tiny_data().train_dataloader()))
     drawn, bare = draw_batch(images, targets), draw_batch(images, targets[:0])
     changed = np.any(drawn != bare, axis=-1)
     assert changed.sum() > 50

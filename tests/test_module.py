@@ -1,13 +1,7 @@
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _module_helpers import HYP, TinyData, collate, one_thread, tiny_module, trainer  # noqa: F401 (one_thread)
 
 from yolo5l.callbacks import EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
 from yolo5l.metrics import precision_recall_at_best_f1
@@ -22,19 +16,19 @@ KEYS = {
 
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_fit_and_validate_end_to_end(tmp_path, precision):
+def test_fit_and_validate_end_to_end(tmp_path, precision, tiny_module, tiny_data, make_trainer):
     module = tiny_module()
     cbs = [EMACallback(tau=2), LastCheckpoint(dirpath=tmp_path / "ck"), ValEveryNEpochs(1), ThroughputMonitor()]
-    tr = trainer(tmp_path, cbs, max_epochs=2, precision=precision)
-    tr.fit(module, TinyData())
+    tr = make_trainer(tmp_path, cbs, max_epochs=2, precision=precision)
+    tr.fit(module, tiny_data())
     assert KEYS <= set(tr.callback_metrics)
     for k in KEYS:
         assert torch.isfinite(tr.callback_metrics[k]), k
     m = tr.callback_metrics
     torch.testing.assert_close(m["val/fitness"], 0.1 * m["val/map_50"] + 0.9 * m["val/map"])
-    (out,) = tr.validate(module, TinyData(), verbose=False)
+    (out,) = tr.validate(module, tiny_data(), verbose=False)
     assert {"val/map", "val/map_50", "val/fitness"} <= set(out)
-    preds = tr.predict(module, TinyData().val_dataloader())
+    preds = tr.predict(module, tiny_data().val_dataloader())
     assert len(preds) == 2
     assert all(p.shape[1] == 6 and p.shape[0] <= 300 for p in preds[0])
 
@@ -51,10 +45,10 @@ def _expected_steps(n_iter, nb, batch, nbs, warmup_epochs=3.0):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_warmup_accumulation_counts_optimizer_steps(tmp_path):
+def test_warmup_accumulation_counts_optimizer_steps(tmp_path, tiny_module, tiny_data, make_trainer):
     module = tiny_module(nbs=40)
-    tr = trainer(tmp_path, max_epochs=3, limit_val_batches=0)
-    tr.fit(module, TinyData(n=8, batch_size=2))
+    tr = make_trainer(tmp_path, max_epochs=3, limit_val_batches=0)
+    tr.fit(module, tiny_data(n=8, batch_size=2))
     expected = _expected_steps(12, 4, 2, 40)
     assert 1 < expected < 12
     assert tr.global_step == expected
@@ -77,7 +71,7 @@ def test_interp_and_schedules():
     assert cos(150) == pytest.approx(0.505)
 
 
-def test_param_groups_and_optimizer():
+def test_param_groups_and_optimizer(tiny_module):
     module = tiny_module()
     biases, decay, bn = param_groups(module.model)
     n_conv = sum(1 for m in module.model.modules() if isinstance(m, torch.nn.Conv2d))
@@ -94,11 +88,11 @@ def test_param_groups_and_optimizer():
     assert optimizer_impl_kwargs("loop") == {"foreach": False}
 
 
-def test_weight_decay_scales_with_nominal_batch(tmp_path):
+def test_weight_decay_scales_with_nominal_batch(tmp_path, tiny_module, tiny_data, make_trainer):
     module = tiny_module(nbs=64)
-    tr = trainer(tmp_path, max_epochs=1)
+    tr = make_trainer(tmp_path, max_epochs=1)
     module.trainer = tr
-    tr.datamodule = TinyData(batch_size=24)
+    tr.datamodule = tiny_data(batch_size=24)
     cfg = module.configure_optimizers()
     # bs 24: accumulate round(64/24) = 3, decay 5e-4 * 24 * 3 / 64 = 5.625e-4 (A.6)
     assert cfg["optimizer"].param_groups[1]["weight_decay"] == pytest.approx(5.625e-4)
@@ -120,14 +114,14 @@ def test_bad_inputs_are_named():
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_both_map_backends_validate_the_same_detections(tmp_path):
+def test_both_map_backends_validate_the_same_detections(tmp_path, tiny_module, tiny_data, make_trainer):
     from yolo5l.metrics import DetectionMAP
 
     results = {}
     for backend in ("yolov5", "coco"):
         module = tiny_module(map_backend=backend)
         assert isinstance(module.map_metric, DetectionMAP) == (backend == "yolov5")
-        (results[backend],) = trainer(tmp_path).validate(module, TinyData(), verbose=False)
+        (results[backend],) = make_trainer(tmp_path).validate(module, tiny_data(), verbose=False)
     assert KEYS - {k for k in KEYS if k.startswith("train/")} <= set(results["yolov5"])
     assert set(results["yolov5"]) == set(results["coco"])
     for k in ("val/loss_box", "val/loss_obj", "val/loss_cls"):  # same weights, same batches
@@ -154,8 +148,8 @@ def test_precision_recall_at_best_f1_hand_case():
     assert recall.item() == pytest.approx(0.5)
 
 
-def test_collate_contract_shapes():
-    images, targets, paths, shapes = collate([TinyData().ds[0], TinyData().ds[1]])
+def test_collate_contract_shapes(tiny_data, tiny_collate):
+    images, targets, paths, shapes = tiny_collate([tiny_data().ds[0], tiny_data().ds[1]])
     assert images.shape == (2, 3, 64, 64)
     assert targets.shape == (2, 6)
     assert targets[:, 0].tolist() == [0.0, 1.0]

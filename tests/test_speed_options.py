@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from _module_helpers import TinyData, one_thread, tiny_module, trainer  # noqa: F401 (one_thread)
 from torch import nn
 
 from yolo5l.callbacks import EMACallback
@@ -65,7 +64,7 @@ def test_ema_loop_matches_hand_computed_value():
     torch.testing.assert_close(ema.ema_state_dict["model.2.bias"], torch.full((3,), 3.0))
 
 
-def test_resolve_optimizer_impl():
+def test_resolve_optimizer_impl(tiny_module):
     assert resolve_optimizer_impl("auto", "cpu", grad_scaler=False) == "fused"
     assert resolve_optimizer_impl("auto", "cuda", grad_scaler=False) == "fused"
     assert resolve_optimizer_impl("auto", "cuda", grad_scaler=True) == "foreach"
@@ -103,21 +102,27 @@ def test_fused_foreach_and_loop_optimizers_agree(name):
     assert any(not torch.equal(a, p) for a, p in zip(final["loop"], base.parameters(), strict=True))
 
 
-def _fit_weights(tmp_path, **module_kw) -> dict[str, torch.Tensor]:
-    module = tiny_module(**module_kw)
-    tr = trainer(tmp_path, max_epochs=1, limit_val_batches=0)
-    tr.fit(module, TinyData())
-    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+@pytest.fixture
+def fit_weights(tiny_module, tiny_data, make_trainer):
+    """`fit_weights(tmp_path, **module_kw)`: the model weights after one epoch of the tiny module on `tiny_data`."""
+
+    def fit(tmp_path, **module_kw) -> dict[str, torch.Tensor]:
+        module = tiny_module(**module_kw)
+        tr = make_trainer(tmp_path, max_epochs=1, limit_val_batches=0)
+        tr.fit(module, tiny_data())
+        return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+    return fit
 
 
-def test_fused_optimizer_and_fused_ciou_train_like_the_baseline(tmp_path):
-    fast = _fit_weights(tmp_path / "a", optimizer_impl="auto", ciou_backend="auto")
-    slow = _fit_weights(tmp_path / "b", optimizer_impl="loop", ciou_backend="reference")
+def test_fused_optimizer_and_fused_ciou_train_like_the_baseline(tmp_path, fit_weights):
+    fast = fit_weights(tmp_path / "a", optimizer_impl="auto", ciou_backend="auto")
+    slow = fit_weights(tmp_path / "b", optimizer_impl="loop", ciou_backend="reference")
     for k in fast:
         torch.testing.assert_close(fast[k], slow[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
-def test_fused_optimizer_is_clipped_under_bf16_mixed(tmp_path):
+def test_fused_optimizer_is_clipped_under_bf16_mixed(tmp_path, tiny_module, tiny_data, make_trainer):
     """Lightning refuses to clip fused optimizers under mixed precision; the module clips itself without a scaler."""
     module = tiny_module(channels_last=True)
     seen = []
@@ -129,17 +134,17 @@ def test_fused_optimizer_is_clipped_under_bf16_mixed(tmp_path):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             seen.append(bool(torch.isfinite(outputs["loss"])))
 
-    tr = trainer(tmp_path, [Spy()], max_epochs=1, limit_val_batches=0, precision="bf16-mixed")
-    tr.fit(module, TinyData(n=8, batch_size=4))
+    tr = make_trainer(tmp_path, [Spy()], max_epochs=1, limit_val_batches=0, precision="bf16-mixed")
+    tr.fit(module, tiny_data(n=8, batch_size=4))
     assert module.optimizers().optimizer.defaults["fused"] is True
     assert all(seen)
     assert len(seen) >= 2
 
 
-def test_clipping_without_scaler_matches_norm_10(tmp_path):
+def test_clipping_without_scaler_matches_norm_10(tmp_path, tiny_module, tiny_data, make_trainer):
     module = tiny_module()
-    tr = trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0)
-    tr.fit(module, TinyData())  # attaches the trainer, builds the optimizer
+    tr = make_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0)
+    tr.fit(module, tiny_data())  # attaches the trainer, builds the optimizer
     opt = module.optimizers().optimizer
     params = [p for g in opt.param_groups for p in g["params"]]
     for p in params:
@@ -151,12 +156,11 @@ def test_clipping_without_scaler_matches_norm_10(tmp_path):
     torch.testing.assert_close(params[0].grad[0].flatten()[0], torch.tensor(10.0 / n**0.5), rtol=1e-4, atol=0)
 
 
-class _ChannelsLastData(TinyData):
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        return (batch[0].contiguous(memory_format=torch.channels_last), *batch[1:])
+def test_channels_last_bf16_module_trains(tmp_path, tiny_module, tiny_data, make_trainer):
+    class ChannelsLastData(tiny_data):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            return (batch[0].contiguous(memory_format=torch.channels_last), *batch[1:])
 
-
-def test_channels_last_bf16_module_trains(tmp_path):
     module = tiny_module(channels_last=True)
     seen = []
 
@@ -164,8 +168,8 @@ def test_channels_last_bf16_module_trains(tmp_path):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append(batch[0].is_contiguous(memory_format=torch.channels_last))
 
-    tr = trainer(tmp_path, [Spy()], max_epochs=1, precision="bf16-mixed")
-    tr.fit(module, _ChannelsLastData())
+    tr = make_trainer(tmp_path, [Spy()], max_epochs=1, precision="bf16-mixed")
+    tr.fit(module, ChannelsLastData())
     assert seen
     assert all(seen)
     assert module.model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
@@ -173,7 +177,7 @@ def test_channels_last_bf16_module_trains(tmp_path):
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_fused_eval_copy_gives_the_same_detections(channels_last):
+def test_fused_eval_copy_gives_the_same_detections(channels_last, tiny_module):
     module = tiny_module(channels_last=channels_last)
     model = module.model
     with torch.no_grad():  # non-trivial BN statistics, so the fold is actually exercised
@@ -208,12 +212,12 @@ def test_fused_eval_copy_gives_the_same_detections(channels_last):
     assert len([k for k in module.state_dict() if k.startswith("model.")]) == len(before)
 
 
-def test_fused_eval_validation_equals_unfused(tmp_path):
+def test_fused_eval_validation_equals_unfused(tmp_path, tiny_module, tiny_data, make_trainer):
     results = {}
     for fuse in (True, False):
         module = tiny_module(fuse_eval=fuse)
-        tr = trainer(tmp_path / str(fuse), [EMACallback(tau=2)], max_epochs=1)
-        tr.fit(module, TinyData())
+        tr = make_trainer(tmp_path / str(fuse), [EMACallback(tau=2)], max_epochs=1)
+        tr.fit(module, tiny_data())
         assert module._eval_model is None  # freed after validation
         results[fuse] = {k: float(v) for k, v in tr.callback_metrics.items() if k.startswith("val/")}
     assert results[True].keys() == results[False].keys()
@@ -221,7 +225,7 @@ def test_fused_eval_validation_equals_unfused(tmp_path):
         assert results[True][k] == pytest.approx(results[False][k], abs=1e-4), k
 
 
-def test_ciou_backend_reaches_the_loss():
+def test_ciou_backend_reaches_the_loss(tiny_module):
     assert tiny_module(ciou_backend="reference").loss.ciou_backend == "reference"
     assert tiny_module().loss.ciou_backend == "auto"
 
@@ -237,11 +241,11 @@ def test_tune_malloc_option_is_applied_by_the_hardware_policy(monkeypatch, enabl
 
 
 @pytest.mark.slow
-def test_compiled_module_trains_or_skips(tmp_path):
+def test_compiled_module_trains_or_skips(tmp_path, tiny_module, tiny_data, make_trainer):
     module = tiny_module(compile=True)
-    tr = trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
+    tr = make_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     try:
-        tr.fit(module, TinyData())
+        tr.fit(module, tiny_data())
     except Exception as e:  # no C compiler / inductor unavailable on this machine
         if "compile" in type(e).__module__ or "inductor" in str(e).lower() or "compiler" in str(e).lower():
             pytest.skip(f"torch.compile unavailable here: {type(e).__name__}: {str(e)[:200]}")
@@ -250,7 +254,7 @@ def test_compiled_module_trains_or_skips(tmp_path):
     assert torch.isfinite(tr.callback_metrics["val/map"])
 
 
-def test_batch_nms_equals_image_by_image_calls():
+def test_batch_nms_equals_image_by_image_calls(tiny_module):
     from yolo5l.boxes import non_max_suppression
 
     module = tiny_module()
