@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import os
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
 from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
+from yolo5l.metrics import DetectionMAP
 from yolo5l.weights import load_checkpoint
 
 
@@ -153,6 +155,79 @@ def test_stripped_weights_small_and_loadable(tmp_path, fit_ema):
     assert ck["state_dict"]["model.0.conv.weight"].dtype == torch.float16
     model, _ = load_checkpoint(w)
     assert model.num_classes == 2
+
+
+class _ScriptedFitness(DetectionMAP):
+    """YOLOv5's metric with `fitness` replaced by the next value of a script, so the test decides which epochs
+    improve (the tiny module's real fitness is 0 on every epoch)."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def compute(self):
+        return {**super().compute(), "fitness": torch.tensor(self.values.pop(0))}
+
+
+class _WatchBest(pl.Callback):
+    """Per epoch: `LastCheckpoint.best_fitness` as the epoch starts, the logged `val/fitness`, and best.ckpt's
+    digest, inode and mtime once the epoch (validation included) has ended."""
+
+    def __init__(self, checkpoint, best):
+        self.checkpoint, self.best = checkpoint, best
+        self.best_at_start, self.fitness, self.best_file = {}, {}, {}
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.best_at_start[trainer.current_epoch] = self.checkpoint.best_fitness
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        epoch, st = trainer.current_epoch, self.best.stat()
+        self.fitness[epoch] = float(trainer.callback_metrics["val/fitness"])
+        self.best_file[epoch] = (hashlib.sha256(self.best.read_bytes()).hexdigest(), st.st_ino, st.st_mtime_ns)
+
+
+def _last_checkpoint_state(path):
+    ckpt = torch.load(path, weights_only=True)
+    (key,) = [k for k in ckpt["callbacks"] if k.startswith("LastCheckpoint")]
+    return ckpt["epoch"], ckpt["callbacks"][key]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_best_checkpoint_and_best_fitness_across_a_resume(tmp_path, tiny_module, tiny_data, make_trainer):
+    ck = tmp_path / "ck"
+    best, last = ck / "best.ckpt", ck / "last.ckpt"
+
+    def fit(max_epochs, fitness, ckpt_path=None):
+        module = tiny_module()
+        module.map_metric = _ScriptedFitness(fitness)
+        checkpoint = LastCheckpoint(save_best=True, dirpath=ck)
+        watch = _WatchBest(checkpoint, best)
+        tr = make_trainer(tmp_path, [checkpoint, watch], max_epochs=max_epochs, plugins=[AtomicCheckpointIO()])
+        tr.fit(module, tiny_data(), ckpt_path=ckpt_path)
+        return checkpoint, watch
+
+    # first run, 2 epochs: epoch 1 improves on epoch 0, so best.ckpt is written again
+    first, w1 = fit(2, [0.3, 0.5])
+    assert w1.fitness == {0: pytest.approx(0.3), 1: pytest.approx(0.5)}
+    assert w1.best_at_start == {0: None, 1: pytest.approx(0.3)}
+    assert w1.best_file[1] != w1.best_file[0]
+    top = max(w1.fitness.values())
+    assert first.best_fitness == pytest.approx(top)
+    epoch, state = _last_checkpoint_state(best)
+    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))
+    epoch, state = _last_checkpoint_state(last)
+    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))  # what a resume restores
+
+    # resumed from last.ckpt to 3 epochs with a new callback; epoch 2 scores below the best
+    second, w2 = fit(3, [0.4], ckpt_path=last)
+    assert w2.best_at_start == {2: pytest.approx(top)}  # restored from last.ckpt before the new epoch
+    assert w2.fitness == {2: pytest.approx(0.4)}
+    assert w2.best_file[2] == w1.best_file[1]  # no improvement: best.ckpt is the first run's epoch 1, untouched
+    assert second.best_fitness == pytest.approx(top)
+    epoch, state = _last_checkpoint_state(best)
+    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))
+    epoch, state = _last_checkpoint_state(last)
+    assert (epoch, state["best_fitness"]) == (2, pytest.approx(top))
 
 
 class _Boom:
