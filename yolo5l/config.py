@@ -175,7 +175,10 @@ def _check_file(value: Any, key: str, hint: str) -> None:
 
 
 def _check_data(data: DictConfig) -> None:
-    _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
+    from yolo5l.data.dataset_yaml import preset_name
+
+    if preset_name(data.get("file")) is None:  # a preset's data.yaml (data=coco128) is written on first load
+        _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
     _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
     _int(data, "data.num_workers", minimum=0, allow=("auto",))
     if data.get("val_batch_size") is not None:

@@ -1,25 +1,50 @@
 """The dataset yaml: an ultralytics-style data file resolved to the image files of each split and the class names.
 
-Reference: ultralytics/yolov5 v7.0 ``utils/general.py::check_dataset`` (the keys and how paths resolve),
-re-written from its behaviour.
+A missing ``<folder>/data.yaml`` whose folder is named after a preset (``coco``, ``coco128``: what ``data=coco128``
+points at) is written from the preset, download locations included. When the train/val data is missing, the
+archives the yaml's ``download:`` lists are fetched and unpacked (:mod:`yolo5l.download`); a ``download:`` script,
+which ultralytics runs, is refused.
+
+Reference: ultralytics/yolov5 v7.0 ``utils/general.py::check_dataset`` (the keys, how paths resolve, where
+``download:`` archives unpack), re-written from its behaviour.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
-from yolo5l.data.coco2yolo import PRESETS
-from yolo5l.data.layout import IMG_FORMATS, LIST_SUFFIX, DatasetError, is_image_file, label_cache_path
+from yolo5l.data.coco2yolo import COCO_NAMES, PRESETS
+from yolo5l.data.layout import DATA_YAML, IMG_FORMATS, LIST_SUFFIX, DatasetError, is_image_file, label_cache_path
+from yolo5l.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, file_lock, is_url
+from yolo5l.errors import UserError
 
-__all__ = ["SPLITS", "DatasetSpec", "load_dataset_file"]
+__all__ = ["PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name"]
 
 SPLITS = ("train", "val")
+
+#: Where ultralytics publishes the presets in YOLO format (ultralytics/yolov5 v7.0 data/coco128.yaml and
+#: data/scripts/get_coco.sh). An entry unpacks into the parent of the dataset root, as ultralytics unpacks them, or
+#: into ``dir`` (relative to the root): COCO's image zips hold ``train2017/`` and ``val2017/``, which go under
+#: ``coco/images/``. test2017.zip (7 GB) is left out: no split uses it.
+PRESET_DOWNLOADS: dict[str, list[str | dict[str, str]]] = {
+    "coco128": ["https://ultralytics.com/assets/coco128.zip"],
+    "coco": [
+        "https://github.com/ultralytics/yolov5/releases/download/v1.0/coco2017labels.zip",  # labels + image lists
+        {"url": "http://images.cocodataset.org/zips/train2017.zip", "dir": "images"},  # 19 GB, 118k images
+        {"url": "http://images.cocodataset.org/zips/val2017.zip", "dir": "images"},  # 1 GB, 5k images
+    ],
+}
+_DOWNLOAD_KEYS = ("url", "dir", "size", "sha256")
+# A non-URL `download:` that spans lines or starts like this is a script (ultralytics runs it); another single line
+# is a hint for the user (coco2yolo --write-yaml writes one), shown in the errors.
+_SCRIPT_START = re.compile(r"\s*(from|import|bash|sh|python[\d.]*|curl|wget|exec|eval|os\.|subprocess)\b")
 
 
 @dataclass
@@ -69,7 +94,41 @@ class DatasetSpec:
         return path
 
 
+def preset_name(path: str | os.PathLike | None) -> str | None:
+    """The preset whose data yaml ``path`` is (``<folder named coco or coco128>/data.yaml``), else None."""
+    if path is None:
+        return None
+    p = Path(os.path.expanduser(str(path)))
+    return p.parent.name if p.name == DATA_YAML and p.parent.name in PRESETS else None
+
+
+def preset_data(preset: str) -> dict[str, Any]:
+    """The data yaml of a preset: the dataset root is the yaml's folder; names, splits and download locations."""
+    return {
+        "path": ".",
+        **PRESETS[preset],
+        "names": dict(enumerate(COCO_NAMES)),
+        "download": list(PRESET_DOWNLOADS[preset]),
+    }
+
+
+def _write_preset(preset: str, path: Path) -> dict[str, Any]:
+    data = preset_data(preset)
+    text = f"# data={preset}: written by yolo5l; the data is downloaded on first use when missing\n"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        os.replace(tmp, path)  # concurrent ranks write the same text: whichever rename lands last is whole
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a read-only location: use the content without the file
+    return data
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    preset = preset_name(path)
+    if preset is not None and not path.is_file():
+        return _write_preset(preset, path)
     if not path.is_file():
         preset = path.parent.name if path.parent.name in PRESETS else "{" + ",".join(sorted(PRESETS)) + "}"
         raise DatasetError(
@@ -109,19 +168,27 @@ def _parse_names(data: Mapping[str, Any], where: str) -> list[str]:
     return names
 
 
-def _resolve_root(data: Mapping[str, Any], file: Path | None, where: str) -> Path:
-    """The dataset root: ``path`` as given if absolute; else relative to the yaml's folder, then to the cwd."""
+def _root_candidates(data: Mapping[str, Any], file: Path | None) -> list[Path]:
+    """Where the dataset root may be, in the order looked at (one candidate unless ``path`` is relative)."""
     raw = data.get("path")
     if raw is None or str(raw) == "":
-        return (file.parent if file is not None else Path.cwd()).resolve()
+        return [(file.parent if file is not None else Path.cwd()).resolve()]
     p = Path(os.path.expanduser(str(raw)))
     if p.is_absolute():
-        return p
-    candidates = ([file.parent / p] if file is not None else []) + [Path.cwd() / p]
+        return [p]
+    return [c.resolve() for c in ([file.parent / p] if file is not None else []) + [Path.cwd() / p]]
+
+
+def _resolve_root(data: Mapping[str, Any], file: Path | None, where: str) -> Path:
+    """The dataset root: ``path`` as given if absolute; else relative to the yaml's folder, then to the cwd."""
+    candidates = _root_candidates(data, file)
+    raw = data.get("path")
+    if raw is None or str(raw) == "" or Path(os.path.expanduser(str(raw))).is_absolute():
+        return candidates[0]
     for c in candidates:
         if c.is_dir():
-            return c.resolve()
-    looked = " and ".join(str(c.resolve()) for c in candidates)
+            return c
+    looked = " and ".join(str(c) for c in candidates)
     raise DatasetError(f"{where}: dataset root path={raw!r} not found (looked at {looked}).{_hint(data)}")
 
 
@@ -180,18 +247,116 @@ def _split_files(data: Mapping[str, Any], split: str, root: Path, where: str) ->
     return files, sources
 
 
+def _entry_present(root: Path, entry: Any) -> bool:
+    """Whether a train/val entry is there: a file, a non-empty folder, or a list whose first image exists."""
+    p = Path(os.path.expanduser(str(entry)))
+    p = Path(os.path.normpath(p if p.is_absolute() else root / p))
+    if p.is_dir():
+        return any(p.iterdir())
+    if p.is_file() and p.suffix == LIST_SUFFIX:
+        first = next(iter(_images_in_list(p)), None)
+        return first is None or first.exists()  # an empty list is the user's to fix, not a download's
+    return p.is_file()
+
+
+def _splits_present(data: Mapping[str, Any], root: Path) -> bool:
+    for split in SPLITS:
+        entry = data.get(split)
+        entries = [] if entry is None else [entry] if isinstance(entry, (str, Path)) else list(entry)
+        if not all(_entry_present(root, e) for e in entries):
+            return False
+    return True
+
+
+def _is_script(text: str) -> bool:
+    return "\n" in text.strip() or bool(_SCRIPT_START.match(text))
+
+
+def _refuse_script(text: str, root: Path, where: str) -> UserError:
+    first = text.strip().splitlines()[0]
+    return UserError(
+        f"{where}: download: is a script ({first!r}...), which yolo5l never runs: do its steps by hand so that the "
+        f"data is under {root}, or list the URLs of zip/tar archives in download:"
+    )
+
+
+def _download_archives(data: Mapping[str, Any], root: Path, where: str) -> list[Archive]:
+    """The archives of ``download:`` (none for a text hint).
+
+    ``download:`` is a URL, a ``{url, dir, size, sha256}`` mapping, or a list of those; ``dir`` (relative to the
+    dataset root) is where the archive unpacks, by default the root's parent (the archives hold the dataset folder).
+    """
+    raw = data.get("download")
+    if isinstance(raw, str):
+        if not is_url(raw.strip()):
+            if _is_script(raw):
+                raise _refuse_script(raw, root, where)
+            return []  # a hint for the user
+        items: list[Any] = [raw.strip()]
+    elif isinstance(raw, Mapping):
+        items = [raw]
+    elif isinstance(raw, (list, tuple)):
+        items = list(raw)
+    else:
+        raise DatasetError(f"{where}: download: must be a URL, a {{url: ...}} mapping or a list of those")
+    archives = []
+    for item in items:
+        item = {"url": item} if isinstance(item, str) else item
+        if not isinstance(item, Mapping) or set(item) - set(_DOWNLOAD_KEYS) or "url" not in item:
+            raise DatasetError(f"{where}: download entry {item!r} must be a URL or a mapping of {_DOWNLOAD_KEYS}")
+        url = str(item["url"]).strip()
+        if not is_url(url):
+            if _is_script(url):
+                raise _refuse_script(url, root, where)
+            raise DatasetError(f"{where}: download entry {url!r} is not an http(s) URL")
+        if not archive_name(url).lower().endswith(ARCHIVE_SUFFIXES):
+            raise DatasetError(f"{where}: download entry {url} is not an archive ({', '.join(ARCHIVE_SUFFIXES)})")
+        sub = PurePosixPath(str(item.get("dir") or "."))
+        if sub.is_absolute() or ".." in sub.parts:
+            raise DatasetError(f"{where}: download dir {str(sub)!r} must be a folder inside the dataset root")
+        sha256 = item.get("sha256")
+        if sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", str(sha256)):
+            raise DatasetError(f"{where}: download sha256 {sha256!r} of {url} is not 64 hex digits")
+        size = item.get("size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise DatasetError(f"{where}: download size {size!r} of {url} is not a byte count")
+        dest = root.parent if item.get("dir") is None else root / sub
+        archives.append(Archive(url, dest, str(sha256).lower() if sha256 else None, size))
+    return archives
+
+
+def _fetch_missing(data: Mapping[str, Any], file: Path | None, where: str) -> None:
+    """Download and unpack ``download:`` when a train/val entry is missing (once, whatever the number of ranks)."""
+    if not data.get("download"):
+        return
+    candidates = _root_candidates(data, file)
+    root = next((c for c in candidates if c.is_dir()), candidates[0])  # missing: where the lookup starts
+    if _splits_present(data, root):
+        return
+    archives = _download_archives(data, root, where)
+    if not archives:
+        return
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(root.with_name(root.name + ".lock"), f"fetching the dataset {root}"):
+        if not _splits_present(data, root):  # else another process fetched it while this one waited
+            fetch_archives(archives)
+
+
 def load_dataset_file(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> DatasetSpec:
     """Load an ultralytics-style dataset yaml (or its content as a mapping).
 
     Keys: ``path`` (dataset root), ``train`` and ``val`` (each an image folder searched recursively, a ``.txt``
     list of image paths, or a list of those), ``names`` (a list or an ``{id: name}`` mapping), optional ``nc``
-    (checked against ``names``) and ``download`` (a text hint shown in errors; URLs are ignored).
+    (checked against ``names``) and ``download``: a URL, a ``{url, dir, size, sha256}`` mapping or a list of those,
+    the zip/tar archives fetched and unpacked when a train/val entry is missing (into the root's parent, as
+    ultralytics does, or into ``dir`` under the root); a single line of text is a hint shown in errors; a script is
+    refused, never run. A missing ``<coco or coco128>/data.yaml`` is written from the preset first.
 
     Path resolution: an absolute ``path`` is used as is; a relative one is tried against the yaml's folder,
     then against the current directory (ultralytics resolves it against its repository folder, which is the
     current directory when run from there). ``train``/``val`` entries are relative to the root; relative
     paths inside a ``.txt`` list are relative to the list's folder (ultralytics does so for ``./`` entries).
-    A missing ``path`` means the yaml's folder.
+    A missing ``path`` means the yaml's folder. A relative ``path`` that exists nowhere is downloaded beside the yaml.
 
     Args:
         path_or_dict: The yaml file, or a mapping with the same keys (relative paths then start at the cwd).
@@ -201,6 +366,7 @@ def load_dataset_file(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Da
 
     Raises:
         DatasetError: A missing file, folder or key, named with where it was looked for.
+        UserError: A download failed, or ``download:`` is a script.
     """
     if isinstance(path_or_dict, Mapping):
         data, file = dict(path_or_dict), None
@@ -210,6 +376,7 @@ def load_dataset_file(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Da
         data = _read_yaml(file)
         where = f"Dataset file {file}"
     names = _parse_names(data, where)
+    _fetch_missing(data, file, where)
     root = _resolve_root(data, file, where)
     (train, train_sources), (val, val_sources) = (_split_files(data, split, root, where) for split in SPLITS)
     return DatasetSpec(root, train, val, names, train_sources, val_sources, file)
