@@ -174,6 +174,13 @@ def _check_file(value: Any, key: str, hint: str) -> None:
         raise UserError(f"{key}={str(value)!r}: file not found; {hint}")
 
 
+def _check_weights(value: Any) -> None:
+    from yolo5l.download import weights_url
+
+    if weights_url(str(value)) is None:  # a URL or a release name (yolov5s.pt) is downloaded when loaded
+        _check_file(value, "weights", "pass a yolo5l weights.pt / last.ckpt, an ultralytics yolov5*.pt or a URL")
+
+
 def _check_data(data: DictConfig) -> None:
     from yolo5l.data.dataset_yaml import preset_name
 
@@ -244,7 +251,7 @@ def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
         raise UserError(f"freeze={freeze!r} must be an int N (first N layers) or a list of layer indices")
     weights = cfg.get("weights")
     if weights:
-        _check_file(weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+        _check_weights(weights)
     return world
 
 
@@ -255,7 +262,7 @@ def check_val_config(cfg: DictConfig) -> None:
         UserError: One sentence naming the key and the fix.
     """
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
-    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    _check_weights(cfg.weights)
     _check_trainer(cfg.trainer)
     _check_data(cfg.data)
     _check_module(cfg.module)
@@ -269,7 +276,7 @@ def check_predict_config(cfg: DictConfig) -> None:
     """
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
     _missing(cfg, "source", "pass source=<an image, a folder or a list [a.jpg,b.jpg]>")
-    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    _check_weights(cfg.weights)
     _check_imgsz(_int(cfg, "imgsz"), "imgsz")
     _int(cfg, "batch_size", minimum=1)
     _int(cfg, "max_det", minimum=1)

@@ -55,14 +55,14 @@ def predict(cfg: DictConfig) -> list[dict]:
     from yolo5l.data.augment import letterbox
     from yolo5l.data.images import read_image
     from yolo5l.hardware import inference_device
-    from yolo5l.weights import load_weights
+    from yolo5l.weights import load_weights, resolve_weights
 
     check_predict_config(cfg)
     imgsz = int(cfg.imgsz)
     source = OmegaConf.to_container(cfg.source) if OmegaConf.is_list(cfg.source) else str(cfg.source)
     files = list_images(source)
     try:
-        model, info = load_weights(str(cfg.weights))
+        model, info = load_weights(resolve_weights(str(cfg.weights)))
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     names = list(cfg.names) if cfg.get("names") else list(getattr(info, "names", None) or range(model.num_classes))

@@ -59,14 +59,14 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
 
     from yolo5l.hardware import precision_reason, trainer_policy, tune_host_memory
     from yolo5l.models.yolo import freeze_layers
-    from yolo5l.weights import load_pretrained
+    from yolo5l.weights import load_pretrained, resolve_weights
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
     tune_host_memory(bool(cfg.get("tune_malloc", False)))
     datamodule = instantiate(cfg.data, _convert_="all")
     model = instantiate(cfg.model, num_classes=datamodule.num_classes, _convert_="all")
     if cfg.get("weights"):
-        loaded = load_pretrained(model, str(cfg.weights))
+        loaded = load_pretrained(model, resolve_weights(str(cfg.weights)))
         info(f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights}")
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
     if frozen:

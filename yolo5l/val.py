@@ -34,12 +34,12 @@ _TABLE = (
 def validate_weights(cfg: DictConfig) -> dict[str, float]:
     """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
     from yolo5l.hardware import trainer_policy
-    from yolo5l.weights import load_weights
+    from yolo5l.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
     datamodule = instantiate(cfg.data, _convert_="all")
     try:
-        model, _ = load_weights(str(cfg.weights), num_classes=None)
+        model, _ = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     if model.num_classes != datamodule.num_classes:

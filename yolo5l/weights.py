@@ -44,6 +44,7 @@ __all__ = [
     "load_pretrained",
     "load_ultralytics",
     "load_weights",
+    "resolve_weights",
     "restricted_pickle",
     "save_weights",
 ]
@@ -389,6 +390,26 @@ def load_weights(
         return load_checkpoint(path, num_classes, map_location)
     except _NotYolo5lCheckpoint:
         return load_ultralytics(path, num_classes, map_location)
+
+
+def resolve_weights(name_or_url: str | os.PathLike[str]) -> pathlib.Path:
+    """The local file of ``weights=``: a path as given; a URL or a bare release name downloaded once into the cache.
+
+    A URL, or ``yolov5{n,s,m,l,x}.pt`` with no such file in the current folder (the ultralytics v7.0 release asset,
+    see :func:`yolo5l.download.weights_url`), is fetched into ``<user cache>/weights/<host>/<url path>`` (see
+    :func:`yolo5l.data.layout.user_cache_dir`); later runs find it there. The file is read by the loaders as any
+    other, through the restricted unpickler.
+
+    Raises:
+        UserError: The download failed (the message names the URL and where to put the file by hand).
+    """
+    from yolo5l.data.layout import user_cache_dir
+    from yolo5l.download import download, url_cache_path, weights_url
+
+    url = weights_url(name_or_url)
+    if url is None:
+        return pathlib.Path(name_or_url)
+    return download(url, user_cache_dir("weights") / url_cache_path(url))
 
 
 def load_pretrained(model: YOLOv5, path: str | os.PathLike[str]) -> LoadInfo:
