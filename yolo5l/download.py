@@ -212,22 +212,39 @@ def _content_range(value: str | None) -> tuple[int, int | None] | None:
 class _Transfer:
     """One file's transfer into an open ``.part`` file: attempts, resumption, sha256 as the bytes arrive."""
 
-    def __init__(self, url: str, f: IO[bytes], expected: int | None, timeout: float, bar: Any) -> None:
-        self.url, self.f, self.expected, self.timeout, self.bar = url, f, expected, timeout, bar
+    def __init__(self, url: str, f: IO[bytes], expected: int | None, timeout: float, name: str, show: bool) -> None:
+        self.url, self.f, self.expected, self.timeout, self.name, self.show = url, f, expected, timeout, name, show
         self.hash = hashlib.sha256()
-        self.range_requests = 0
+        self.bar: Any = None
+
+    def _track(self, total: int | None) -> None:
+        """Show progress towards ``total``; the bar appears with the first answer, so a failed connection shows none."""
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total, initial=self.f.tell(), unit="B", unit_scale=True, unit_divisor=1024, desc=self.name,
+                file=sys.stderr, disable=not self.show, dynamic_ncols=True,
+            )  # fmt: skip
+        elif self.bar.total != total:
+            self.bar.reset(total=total)
+            self.bar.update(self.f.tell())
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
     def restart(self) -> None:
         self.f.seek(0)
         self.f.truncate()
         self.hash = hashlib.sha256()
-        self.bar.reset(total=self.bar.total)
+        if self.bar is not None:
+            self.bar.reset(total=self.bar.total)
 
     def _open(self, offset: int) -> http.client.HTTPResponse:
         headers = {"User-Agent": _USER_AGENT, "Accept-Encoding": "identity"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
-            self.range_requests += 1
         try:
             return urllib.request.urlopen(urllib.request.Request(self.url, headers=headers), timeout=self.timeout)
         except urllib.error.HTTPError as e:
@@ -259,9 +276,7 @@ class _Transfer:
                 total = int(length) if length and length.isdigit() else None
             if total is not None and self.expected is not None and total != self.expected:
                 raise _Final(f"the server sends {total} bytes, expected {self.expected}")
-            if total is not None and self.bar.total != total:
-                self.bar.reset(total=total)
-                self.bar.update(self.f.tell())
+            self._track(total if total is not None else self.expected)
             while True:
                 try:
                     chunk = resp.read(_CHUNK)
@@ -281,16 +296,14 @@ def _fetch(
     url: str, part: Path, sha256: str | None, size: int | None, retries: int, timeout: float, backoff: float,
     progress: bool,
 ) -> None:  # fmt: skip
-    from tqdm import tqdm
-
     from yolo5l._cli import is_rank_zero
 
     failures = reached = 0
-    with open(part, "wb") as f, tqdm(
-        total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=part.name[1 : -len(".part")],
-        file=sys.stderr, disable=not (progress and is_rank_zero()), dynamic_ncols=True,
-    ) as bar:  # fmt: skip
-        transfer = _Transfer(url, f, size, timeout, bar)
+    name = part.name[1 : -len(".part")]
+    with (
+        open(part, "wb") as f,
+        contextlib.closing(_Transfer(url, f, size, timeout, name, progress and is_rank_zero())) as transfer,
+    ):
         while True:
             try:
                 transfer.attempt()
@@ -320,7 +333,7 @@ def download(
     dest: str | os.PathLike[str],
     sha256: str | None = None,
     size: int | None = None,
-    retries: int = 5,
+    retries: int = 3,
     timeout: float = 30.0,
     *,
     backoff: float = 1.0,
