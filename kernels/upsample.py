@@ -6,8 +6,8 @@ broadcast copy and the backward the sum of each 2x2 block, which is what this mo
 
 - ``"torch"`` (any device): forward as ``expand`` + ``reshape`` of a 6-d view, backward as
   ``view(..., 2, ..., 2).sum``; both work on an NHWC view for channels_last tensors, so the memory format is kept.
-  Measured on this project's 2-core CPU it is *slower* than ``F.interpolate`` at (16, 32, 80, 80) (about 0.25-0.45x,
-  ``scripts/bench_kernels.py``), so ``"auto"`` uses ``F.interpolate`` on the CPU.
+  On the CPU ``F.interpolate``'s own kernel is faster at YOLOv5's neck shapes (``scripts/bench_kernels.py --only
+  upsample`` compares them; docs/benchmarks.md, "Nearest 2x upsample"), so ``"auto"`` uses ``F.interpolate`` there.
 - CUDA: one Triton kernel each way (``_triton_upsample.py``), stride-generic, fp32 accumulation in the backward.
 
 The output has the memory format of the input (channels_last in, channels_last out) and its dtype.

@@ -30,9 +30,10 @@ def pause_gc() -> None:
     """Command line only: hold the cyclic garbage collector off while Python imports torch, Lightning and Hydra and
     builds the run; `resume_gc` turns it back on before the first step.
 
-    The imports create ~470,000 objects, and the collector walked all of them 7 times while they were being created
-    (0.46 s of a 17 s one-epoch run on a 2-core CPU). Imports make next to no cyclic garbage, so nothing is lost by
-    not collecting it. `python -m yolo5l.train` calls `gc.disable()` itself before its first import; this marks it.
+    The imports create hundreds of thousands of objects, and the collector would walk all of them several times while
+    they are being created (docs/benchmarks.md, "Where the one-epoch run's time goes", has the cost). Imports make
+    next to no cyclic garbage, so nothing is lost by not collecting it. `python -m yolo5l.train` calls
+    `gc.disable()` itself before its first import; this marks it.
     """
     global _gc_paused
     gc.disable()
@@ -64,8 +65,8 @@ def unfreeze_start_up() -> None:
 
 
 def exit_without_heap_walk() -> None:
-    """Freeze the heap just before the interpreter exits, so its shutdown does not walk ~480,000 objects with the
-    collector (0.6 s on a 2-core CPU). Shutdown still runs `atexit` handlers, closes files and frees every object that
+    """Freeze the heap just before the interpreter exits, so its shutdown does not walk every object of the run with
+    the collector once more. Shutdown still runs `atexit` handlers, closes files and frees every object that
     reference counting frees; it skips only the collection of cycles, whose memory the OS takes back anyway."""
     gc.freeze()
 

@@ -3,9 +3,9 @@
 PyTorch's CPU tensors come from glibc ``malloc``. By default glibc serves blocks above a dynamic threshold with a
 fresh ``mmap`` and gives them back with ``munmap`` when freed, and trims the heap top back to the kernel. A training
 step frees and re-allocates the same activation buffers every step, so each step faults every page of them in again
-and the kernel zeroes it first: measured for yolov5s at batch 16, 320 px, bf16 + channels_last on the CPU, ~40,000
-minor page faults (~160 MB zeroed) per step, against ~0 once the memory is kept (``scripts/bench_train.py`` reports
-the faults per step). This is what jemalloc/tcmalloc preloading does for CPU PyTorch; ``mallopt`` does it in-process.
+and the kernel zeroes each page first; once the memory is kept, the pages stay mapped and the step faults next to
+none (``scripts/bench_train.py`` reports the faults per step; docs/benchmarks.md, "Host-side fixes on the CPU", has
+the figures). This is what jemalloc/tcmalloc preloading does for CPU PyTorch; ``mallopt`` does it in-process.
 
 Nothing changes numerically. The cost is that up to ``trim_threshold`` bytes of freed memory stay with the process.
 """

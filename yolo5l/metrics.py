@@ -4,7 +4,8 @@ Two metrics with the same `update(dets, labels)` and the same `val/*` keys (`con
 - "yolov5" (`DetectionMAP`, default): ultralytics/yolov5 v7.0's validation protocol (`val.py::process_batch`,
   `utils/metrics.py::ap_per_class`): detections matched to labels per IoU threshold, AP integrated over 101 recall
   points per class, precision and recall at the best smoothed mean-F1 confidence. Matching is vectorised over
-  thresholds; the state is a few numbers per detection, so `compute()` costs milliseconds, not a COCOeval run.
+  thresholds; the state is a few numbers per detection, so `compute()` is a sort and running sums per class, not a
+  COCOeval run.
 - "coco" (`COCOMap`): the COCO protocol (matching in score order, AP sampled at 101 recall thresholds);
   pycocotools scores yolov5s ~0.4 mAP points higher on COCO than YOLOv5's internal protocol.
 

@@ -24,7 +24,7 @@ def draw_batch(
 ) -> np.ndarray:
     """Draw (N, 6) normalised targets [image, class, cx, cy, w, h] on a (B, 3, H, W) batch (uint8, or float in
     [0, 1]); returns an (H', W', 3) uint8 RGB mosaic of up to `max_images` tiles, 4 a row, at most `max_size` px
-    (YOLOv5's `plot_images` layout). OpenCV draws: ~10 ms for 16 images at 320 px."""
+    (YOLOv5's `plot_images` layout), drawn with OpenCV."""
     imgs = images[:max_images].detach()
     if imgs.is_floating_point():
         imgs = imgs * 255 if float(imgs.max()) <= 1.0 else imgs  # host sync: three batches per run
@@ -53,9 +53,10 @@ def draw_batch(
 def write_jpeg(experiment: Any, tag: str, rgb: np.ndarray, step: int, quality: int = 90) -> None:
     """Write an (H, W, 3) uint8 RGB image to a TensorBoard `SummaryWriter` as JPEG.
 
-    `SummaryWriter.add_image` encodes PNG: ~0.3 s for a 1280 px mosaic of photos against ~10 ms for JPEG, paid three
-    times at the start of every run. TensorBoard shows any encoded image; this writes the summary `add_image`
-    would, through the same file writer, with JPEG bytes (a writer without one gets `add_image`).
+    `SummaryWriter.add_image` encodes PNG, whose lossless compression of a mosaic of photos costs far more than JPEG,
+    and a run pays it for every plotted batch at its start (docs/benchmarks.md has the figures). TensorBoard shows
+    any encoded image; this writes the summary `add_image` would, through the same file writer, with JPEG bytes (a
+    writer without one gets `add_image`).
     """
     file_writer = getattr(experiment, "_get_file_writer", None)
     if file_writer is None:

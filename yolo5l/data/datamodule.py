@@ -137,7 +137,8 @@ def seed_worker(worker_id: int) -> None:
 
     ``torch.initial_seed()`` in a worker is the loader's base seed (drawn from its generator) + worker id, so a
     seeded generator makes the augmentations reproducible. Some imports collapse the inherited affinity to one
-    or two cores (PyTorch issue #101850); resetting it is worth up to 10x on many-core hosts.
+    or two cores (PyTorch issue #101850), which would leave a worker's threads sharing them; resetting it lets
+    each worker run on every core the process may use.
     """
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)

@@ -167,8 +167,8 @@ class Detect(nn.Module):
             b, _, ny, nx = x.shape
             h = x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2)
             # channels_last: the view is (B, ny, nx, na, no) in memory, so its last dim is already dense and the
-            # loss and decode read it as it is; .contiguous() would be a transposing copy forward and backward
-            # (~60 ms per yolov5s step at batch 16, 320 px on the CPU).
+            # loss and decode read it as it is; .contiguous() would add a transposing copy of every head to the
+            # forward and to the backward.
             out.append(h if h.stride(-1) == 1 else h.contiguous())
         return out
 
