@@ -13,7 +13,7 @@ from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
 from yolo5l import hardware
-from yolo5l.callbacks.checkpoint import find_resume_checkpoint
+from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
 from yolo5l.config import (
     CONFIG_MODULE,
     check_group_choices,
@@ -22,6 +22,7 @@ from yolo5l.config import (
     check_val_config,
     compose_config,
     config_choices,
+    merge_resume_config,
 )
 from yolo5l.errors import UserError
 from yolo5l.loggers import CORE_COLUMNS, EpochCSVLogger, read_metrics_csv
@@ -334,22 +335,38 @@ def test_train_check_refuses_ddp_in_multirun_but_allows_spawn(tmp_path):
 
 
 def test_resume_checks(tmp_path):
+    run = tmp_path / "run"
     with pytest.raises(UserError, match="not found"):
-        find_resume_checkpoint(str(tmp_path / "missing.ckpt"), tmp_path / "run", 3)
+        find_resume_checkpoint(str(tmp_path / "missing.ckpt"), tmp_path, exclude=run)
     with pytest.raises(UserError, match="found no"):
-        find_resume_checkpoint(True, tmp_path / "run", 3)
+        find_resume_checkpoint(True, tmp_path, exclude=run)
     old = tmp_path / "old" / "checkpoints"
     old.mkdir(parents=True)
-    torch.save({"epoch": 2, "state_dict": {}}, old / "last.ckpt")
-    with pytest.raises(UserError, match="already trained 3 of 3 epochs"):
-        find_resume_checkpoint(True, tmp_path / "run", 3)
-    assert find_resume_checkpoint(True, tmp_path / "run", 5) == str(old / "last.ckpt")
+    torch.save({"epoch": 2, "state_dict": {}, "yolo5l_config": {"seed": 1}}, old / "last.ckpt")
+    assert find_resume_checkpoint(True, tmp_path, exclude=run) == old / "last.ckpt"
+    with pytest.raises(UserError, match="found no"):
+        find_resume_checkpoint(True, tmp_path, exclude=tmp_path / "old")
+    state = read_resume_state(old / "last.ckpt")
+    assert (state.epochs_done, state.config) == (3, {"seed": 1})
     torch.save({"model": {}}, tmp_path / "w.pt")
     with pytest.raises(UserError, match="not a training checkpoint"):
-        find_resume_checkpoint(str(tmp_path / "w.pt"), tmp_path / "run", 5)
+        read_resume_state(tmp_path / "w.pt")
     (tmp_path / "cut.ckpt").write_bytes((old / "last.ckpt").read_bytes()[:100])
     with pytest.raises(UserError, match=r"cut\.ckpt: damaged"):
-        find_resume_checkpoint(str(tmp_path / "cut.ckpt"), tmp_path / "run", 5)
+        read_resume_state(tmp_path / "cut.ckpt")
+
+
+def test_resume_config_takes_the_checkpoints_run_and_only_allowed_overrides(tmp_path):
+    saved = OmegaConf.to_container(compose_config(["model=yolov5n", "data.imgsz=128"], output_dir=tmp_path))
+    now = compose_config(["trainer.max_epochs=7", "data.num_workers=1"], output_dir=tmp_path)
+    merged = merge_resume_config(now, saved, ["trainer.max_epochs=7", "data.num_workers=1"], "last.ckpt")
+    assert (merged.model.width, merged.data.imgsz) == (0.25, 128)  # the run's own, not the defaults
+    assert (merged.trainer.max_epochs, merged.data.num_workers) == (7, 1)  # allowed to change
+    changed = compose_config(["model=yolov5s"], output_dir=tmp_path)
+    with pytest.raises(UserError, match=r"resume: model=yolov5s changes what the run in last\.ckpt trains"):
+        merge_resume_config(changed, saved, ["model=yolov5s"], "last.ckpt")
+    same = compose_config(["model=yolov5n"], output_dir=tmp_path)
+    assert merge_resume_config(same, saved, ["model=yolov5n"], "last.ckpt").model.width == 0.25  # agrees: fine
 
 
 def test_freeze_layers():

@@ -69,7 +69,8 @@ def test_multirun_with_ddp_is_refused(tmp_path):
 # What each rank did, recorded by tests/_ddp_probe.py in a 2-process gloo run, and a single-process oracle.
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
-_NUM_TRAIN, _NUM_VAL, _IMGSZ, _VAL_BATCH = 15, 16, 64, 4  # 15: one wrap-around pad; 16 / (2 ranks x 4) even shards
+# 15: one wrap-around pad; a total validation batch of 8 is 4 a rank: 16 / (2 ranks x 4) even shards
+_NUM_TRAIN, _NUM_VAL, _IMGSZ, _VAL_BATCH = 15, 16, 64, 8
 # An untrained yolov5n scores below YOLOv5's 0.001 everywhere (mAP 0 would compare nothing): keep every candidate
 # (252 per 64 px image, under max_det) so some random boxes hit and the mAP is a non-trivial number.
 _CONF = 1e-9
@@ -100,8 +101,8 @@ def ddp_run(tmp_path_factory):
             *_data_overrides(tmp / "synthetic"),
             "data.batch_size=4", f"data.val_batch_size={_VAL_BATCH}", "data.cache=ram",
             "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_epochs=2",
-            "trainer.limit_train_batches=null", "trainer.limit_val_batches=null", "+module.nbs=128",
-            f"+module.conf_thres={_CONF}",
+            "trainer.limit_train_batches=null", "trainer.limit_val_batches=null", "module.nbs=128",
+            f"module.conf_thres={_CONF}",
             "+callbacks.probe._target_=_ddp_probe.Probe", f"+callbacks.probe.out={probe}",
         ],
         capture_output=True, text=True, timeout=900, env=_env(),
@@ -229,8 +230,8 @@ def test_ddp_val_metrics_match_single_process_val(ddp_run):
     r = subprocess.run(
         [
             sys.executable, "-m", "yolo5l.val", f"weights={weights}", f"hydra.run.dir={out}",
-            *_data_overrides(tmp / "synthetic"), f"batch_size={_VAL_BATCH}", "data.num_workers=0", "data.cache=none",
-            "trainer.accelerator=cpu", "trainer.precision=32", f"conf_thres={_CONF}",
+            *_data_overrides(tmp / "synthetic"), f"data.val_batch_size={_VAL_BATCH // 2}", "data.num_workers=0",
+            "data.cache=none", "trainer.accelerator=cpu", "trainer.precision=32", f"module.conf_thres={_CONF}",
         ],
         capture_output=True, text=True, timeout=600, env=_env(),
     )  # fmt: skip

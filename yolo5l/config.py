@@ -33,6 +33,7 @@ __all__ = [
     "check_val_config",
     "compose_config",
     "config_choices",
+    "merge_resume_config",
     "to_yaml",
 ]
 
@@ -280,3 +281,82 @@ def check_predict_config(cfg: DictConfig) -> None:
     _check_imgsz(_int(cfg, "imgsz"), "imgsz")
     _int(cfg, "batch_size", minimum=1)
     _int(cfg, "max_det", minimum=1)
+
+
+# ---- resume ---------------------------------------------------------------------------------------------------------
+#: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module).
+RESUME_MAY_CHANGE = (
+    "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+    "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
+    "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
+    "data.cache_dir", "data.val_batch_size", "callbacks", "logger", "paths", "resume", "tune_malloc", "hydra",
+)  # fmt: skip
+
+
+def _override_key(override: str) -> str:
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.removeprefix("override ").strip().replace("/", ".")
+
+
+def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Sequence[str], path: Any) -> DictConfig:
+    """The config of a resumed run: the checkpoint's own (`saved`), with the command line's overrides applied where
+    `RESUME_MAY_CHANGE` allows. An override of anything else must agree with the checkpoint's run.
+
+    Args:
+        cfg: the config composed from this command line.
+        saved: the run's config stored in the checkpoint.
+        overrides: this command line's overrides (`HydraConfig.get().overrides.task`).
+        path: the checkpoint (for the message).
+
+    Raises:
+        UserError: An override changes what the run trains (model, data, hyperparameters, ...).
+    """
+    merged = OmegaConf.create(saved)
+    for override in overrides:
+        key = _override_key(override)
+        mine = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if key == "resume" or key.startswith(tuple(f"{k}." for k in RESUME_MAY_CHANGE)) or key in RESUME_MAY_CHANGE:
+            if override.lstrip().startswith("~"):
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(merged, parent) if parent else merged
+                if OmegaConf.is_dict(node) and leaf in node:
+                    with open_dict(node):
+                        del node[leaf]
+            else:
+                OmegaConf.update(merged, key, mine, merge=False, force_add=True)
+            continue
+        theirs = OmegaConf.select(merged, key, default=None, throw_on_missing=False)
+        as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
+        if as_plain[0] != as_plain[1]:
+            raise UserError(
+                f"resume: {override} changes what the run in {path} trains ({key} is {as_plain[1]!r} there); "
+                f"drop it to resume, or start a new run with weights={path}"
+            )
+    with open_dict(merged):
+        merged.weights = None  # the checkpoint holds the weights: the run's starting weights are not read again
+    return merged
+
+
+EXPORT_FORMATS = ("onnx", "torchscript")
+
+
+def check_export_config(cfg: DictConfig) -> None:
+    """Check a `conf/export.yaml` config (weights, format, image size, batch, opset, flags).
+
+    Raises:
+        UserError: One sentence naming the key and the fix.
+    """
+    _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
+    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    fmt = str(cfg.get("format"))
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"format={fmt!r} is not one of: {', '.join(EXPORT_FORMATS)}")
+    if cfg.get("imgsz") is not None:
+        _check_imgsz(_int(cfg, "imgsz"), "imgsz")
+    _int(cfg, "batch", minimum=1)
+    _int(cfg, "opset", minimum=11)  # the decode's dynamic arange and Resize need opset 11 or later
+    for key in ("dynamic", "half", "simplify"):
+        if not isinstance(cfg.get(key), bool):
+            raise UserError(f"{key}={cfg.get(key)!r} must be true or false")
+    if cfg.simplify and fmt != "onnx":
+        raise UserError(f"simplify=true applies to format=onnx, not format={fmt}: drop simplify=true")

@@ -36,6 +36,10 @@ CORE_COLUMNS = (
 class EpochCSVLogger(Logger):
     """Per-epoch metrics table at `<save_dir>/<filename>`, rewritten atomically whenever a value changes.
 
+    A table already in the folder (a resumed or extended run) is continued: its rows before the first epoch this
+    logger sees are kept, and rows from that epoch on are replaced, so a fresh run in a reused folder starts clean
+    and a resumed one loses no earlier row.
+
     Args:
         save_dir: Folder of the CSV file (the run folder).
         filename: Name of the CSV file.
@@ -50,6 +54,11 @@ class EpochCSVLogger(Logger):
         self.history: dict[str, list[float]] = {}
         self._epoch = 0
         self._dirty = False
+        self._earlier: dict[int, dict[str, float | str]] | None = {}  # rows of a table already in the folder
+        if self.path.is_file():
+            for old in read_metrics_csv(self.path):
+                if str(old.get("epoch", "")).isdigit():
+                    self._earlier[int(old["epoch"])] = {k: v for k, v in old.items() if v != ""}
 
     @property
     @override
@@ -83,6 +92,10 @@ class EpochCSVLogger(Logger):
         # belong to the last epoch seen.
         if "epoch" in metrics:
             self._epoch = int(metrics["epoch"])
+        if self._earlier is not None:  # the first values of this run: earlier rows from here on are superseded
+            self.rows = {e: r for e, r in self._earlier.items() if e < self._epoch}  # type: ignore[misc]
+            self._earlier = None
+            self._dirty = True
         row = self.rows.setdefault(self._epoch, {"epoch": self._epoch})
         for key, value in metrics.items():
             if key == "epoch":
@@ -115,8 +128,8 @@ class EpochCSVLogger(Logger):
         self.save()
 
 
-def _fmt(value: float) -> str | int:
-    return value if isinstance(value, int) else f"{value:.6g}"
+def _fmt(value: float | str) -> str | int:
+    return value if isinstance(value, int | str) else f"{value:.6g}"
 
 
 def read_metrics_csv(path: str | os.PathLike) -> list[dict[str, str]]:

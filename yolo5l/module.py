@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -30,6 +31,7 @@ from torchmetrics import Metric
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh_to_xyxy
 from yolo5l.optim import (
     OPTIMIZER_IMPLS,
+    extend_schedule,
     interp,
     optimizer_impl_kwargs,
     resolve_optimizer_impl,
@@ -40,6 +42,12 @@ __all__ = ["YOLOv5Module"]
 
 _CLIP_NORM = 10.0  # YOLOv5 train.py: clip_grad_norm_(max_norm=10)
 _MIN_WARMUP_ITERS = 100  # YOLOv5 train.py: nw = max(round(warmup_epochs * nb), 100)
+
+
+def _loss_dict(items: Tensor) -> dict[str, Tensor]:
+    """`train/loss_*` keys of a [box, obj, cls] tensor, plus their sum."""
+    box, obj, cls = items.unbind()
+    return {"train/loss_box": box, "train/loss_obj": obj, "train/loss_cls": cls, "train/loss": items.sum()}
 
 
 def _plain(x: Any) -> Any:
@@ -119,6 +127,8 @@ class YOLOv5Module(pl.LightningModule):
         self._step_now = True  # whether the current micro-batch ends with an optimizer step
         self._no_sync = ExitStack()
         self._eval_model: nn.Module | None = None  # fused copy for validation; never a submodule (see below)
+        self._loss_sum: Tensor | None = None  # this epoch's [box, obj, cls] summed over batches, on the device
+        self._loss_batches = 0
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -180,6 +190,20 @@ class YOLOv5Module(pl.LightningModule):
         if not self._step_now and isinstance(self.trainer.strategy, ParallelStrategy):
             self._no_sync.enter_context(self.trainer.strategy.block_backward_sync())
 
+    def on_train_start(self) -> None:
+        # A resumed run given more epochs than its schedule was built for (trainer.max_epochs raised): the restored
+        # schedule continues linearly from today's learning rate to lr0 x lrf at the new last epoch.
+        extended = extend_schedule(self.lr_schedulers(), self.current_epoch, self.trainer.max_epochs)
+        if extended is not None:
+            now, end = extended
+            rank_zero_info(
+                f"extending the run to {self.trainer.max_epochs} epochs: from epoch {self.current_epoch} the learning "
+                f"rate goes linearly from lr0 x {now:.4g} to lr0 x {end:.4g}"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        self._loss_sum, self._loss_batches = None, 0
+
     def training_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor:
         images, targets = batch[0], batch[1]
         total, items = self.loss(self.model(images), targets)  # items: detached [box, obj, cls]
@@ -190,9 +214,19 @@ class YOLOv5Module(pl.LightningModule):
             opt.step()  # clipping happens in on_before_optimizer_step, after AMP unscaling
             opt.zero_grad(set_to_none=True)
             self._last_opt_step = self._ni
-        losses = {"train/loss_box": items[0], "train/loss_obj": items[1], "train/loss_cls": items[2]}
-        self.log_dict({**losses, "train/loss": items.sum()}, prog_bar=False, batch_size=images.shape[0])
+        self._loss_sum = items if self._loss_sum is None else self._loss_sum + items  # device add: no sync
+        self._loss_batches += 1
+        # Step values reach the loggers every log_every_n_steps only; the progress bar reads running_losses().
+        self.log_dict(_loss_dict(items), prog_bar=False, batch_size=images.shape[0])
         return total.detach()
+
+    def running_losses(self) -> dict[str, float]:
+        """This epoch's mean [box, obj, cls] losses so far, as floats: one host sync, so call it at a refresh
+        interval (the progress bar does), not every step."""
+        if self._loss_sum is None:
+            return {}
+        box, obj, cls = (self._loss_sum / self._loss_batches).tolist()
+        return {"box": box, "obj": obj, "cls": cls}
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._no_sync.close()
@@ -213,6 +247,8 @@ class YOLOv5Module(pl.LightningModule):
         torch.nn.utils.clip_grad_norm_(params, _CLIP_NORM)
 
     def on_train_epoch_end(self) -> None:
+        if self._loss_sum is not None:  # the epoch's mean losses: every metrics.csv row carries them
+            self.log_dict(_loss_dict(self._loss_sum / self._loss_batches), sync_dist=True)
         opt = self.optimizers().optimizer
         for j, group in enumerate(opt.param_groups):
             self.log(f"train/lr{j}", group["lr"])  # Python floats already on the host: no sync

@@ -23,6 +23,7 @@ __all__ = [
     "OPTIMIZER_IMPLS",
     "CosineLR",
     "LinearLR",
+    "extend_schedule",
     "interp",
     "optimizer_impl_kwargs",
     "param_groups",
@@ -109,24 +110,58 @@ def optimizer_impl_kwargs(impl: str) -> dict[str, bool]:
     return dict(_IMPL_KWARGS[impl])
 
 
-class _LinearFactor:
-    """`lf(x) = (1 - x / epochs) (1 - lrf) + lrf` as a picklable object (LambdaLR keeps its `__dict__`)."""
+class _Factor:
+    """An epoch -> lr factor as a picklable object (LambdaLR saves and restores its `__dict__`).
+
+    `extend` stretches the schedule to more epochs: from the epoch it is called at, the factor runs linearly from
+    its value there to `lrf` at the new last epoch (a finished linear run continues at lr0 x lrf).
+    """
 
     def __init__(self, epochs: int, lrf: float) -> None:
         self.epochs, self.lrf = int(epochs), float(lrf)
+        self.tail_from: int | None = None  # the epoch an extension started at, and the factor there
+        self.tail_factor = 1.0
+
+    def curve(self, epoch: int) -> float:
+        raise NotImplementedError
 
     def __call__(self, epoch: int) -> float:
+        if self.tail_from is None or epoch < self.tail_from:
+            return self.curve(epoch)
+        span = max(self.epochs - self.tail_from, 1)
+        return self.tail_factor + (self.lrf - self.tail_factor) * min(epoch - self.tail_from, span) / span
+
+    def extend(self, epoch: int, epochs: int) -> None:
+        """Continue the schedule at `epoch` towards `lrf` at `epochs` (more than before)."""
+        self.tail_factor, self.tail_from, self.epochs = self(epoch), int(epoch), int(epochs)
+
+
+class _LinearFactor(_Factor):
+    """YOLOv5's `lf(x) = (1 - x / epochs) (1 - lrf) + lrf`."""
+
+    def curve(self, epoch: int) -> float:
         return (1 - epoch / self.epochs) * (1.0 - self.lrf) + self.lrf
 
 
-class _OneCycleFactor:
+class _OneCycleFactor(_Factor):
     """`lf(x) = ((1 - cos(x pi / epochs)) / 2) (lrf - 1) + 1`: YOLOv5's `one_cycle(1, lrf, epochs)`."""
 
-    def __init__(self, epochs: int, lrf: float) -> None:
-        self.epochs, self.lrf = int(epochs), float(lrf)
-
-    def __call__(self, epoch: int) -> float:
+    def curve(self, epoch: int) -> float:
         return ((1 - math.cos(epoch * math.pi / self.epochs)) / 2) * (self.lrf - 1) + 1
+
+
+def extend_schedule(scheduler: LambdaLR, epoch: int, epochs: int) -> tuple[float, float] | None:
+    """Stretch a `LinearLR`/`CosineLR` schedule to `epochs` when a resumed run asks for more than it was built for.
+
+    Returns:
+        (factor now, factor at the end) when the schedule was extended, else None.
+    """
+    factor = scheduler.lr_lambdas[0]
+    if not isinstance(factor, _Factor) or epochs <= factor.epochs:
+        return None
+    for f in {id(f): f for f in scheduler.lr_lambdas}.values():  # LambdaLR repeats one factor for every group
+        f.extend(epoch, epochs)
+    return factor.tail_factor, factor.lrf
 
 
 class LinearLR(LambdaLR):

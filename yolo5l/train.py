@@ -18,6 +18,7 @@ import gc
 if __name__ == "__main__":  # the collector stays off through the imports: see yolo5l._cli.pause_gc
     gc.disable()
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l._cli import (
+    fail,
     guarded,
     info,
+    is_rank_zero,
     one_console_line_per_log,
     print_outputs,
     relpath,
@@ -38,7 +41,9 @@ from yolo5l._cli import (
     run_entry_point,
     unfreeze_start_up,
 )
-from yolo5l.config import check_train_config
+from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint, read_resume_state
+from yolo5l.callbacks.val_summary import ValidationSummary, format_row
+from yolo5l.config import check_train_config, merge_resume_config
 from yolo5l.errors import UserError
 
 
@@ -56,6 +61,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         (datamodule, module, trainer).
     """
     from lightning.pytorch import seed_everything
+    from lightning.pytorch.callbacks import ProgressBar
 
     from yolo5l.hardware import precision_reason, trainer_policy, tune_host_memory
     from yolo5l.models.yolo import freeze_layers
@@ -77,11 +83,14 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     if str(cfg.trainer.precision) == "auto":
         info(f"precision auto -> {policy['precision']} ({precision_reason(str(cfg.trainer.accelerator))})")
     callbacks = _instantiate_all(cfg.get("callbacks"))
+    if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress-bar callback then
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     hc = HydraConfig.get() if HydraConfig.initialized() else None
     if hc is not None and hc.mode == RunMode.MULTIRUN:
         from yolo5l.callbacks.sweep import SweepSummary
 
         callbacks.append(SweepSummary(hc.sweep.dir, int(hc.job.num), list(hc.overrides.task), hc.runtime.output_dir))
+    callbacks.append(RunConfig(OmegaConf.to_container(cfg, resolve=False)))  # resume= rebuilds the run from it
     loggers = _instantiate_all(cfg.get("logger"))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all", **policy)
     return datamodule, module, trainer
@@ -104,14 +113,12 @@ def tune_batch_size(trainer: Any, module: Any, datamodule: Any, tune: DictConfig
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as `cfg` says, write the run folder, print where everything is; returns the final metrics."""
-    from yolo5l.callbacks.checkpoint import find_resume_checkpoint
-
     hc = HydraConfig.get()
     output_dir = Path(hc.runtime.output_dir)
+    ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir.parent, exclude=output_dir)
+    if ckpt_path is not None:
+        cfg = _resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
     check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
-    ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir, cfg.trainer.get("max_epochs"))
-    if ckpt_path:
-        info(f"resuming from {relpath(ckpt_path)}")
 
     datamodule, module, trainer = build(cfg)
     resume_gc()  # set-up is built (the command line paused the collector for it); batch-size search makes cycles
@@ -119,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):
             cfg.data.batch_size = tune_batch_size(trainer, module, datamodule, cfg.tune)
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None)
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
@@ -127,6 +134,39 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if trainer.is_global_zero:
         _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
     return metrics
+
+
+def _resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output_dir: Path) -> DictConfig:
+    """The resumed run's config (the checkpoint's own, see `merge_resume_config`), checked against its epochs."""
+    state = read_resume_state(ckpt_path)
+    if state.config is not None:
+        cfg = merge_resume_config(cfg, state.config, overrides, ckpt_path)
+        if is_rank_zero() and (output_dir / ".hydra").is_dir():  # what this run really uses, beside Hydra's files
+            (output_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    max_epochs = cfg.trainer.get("max_epochs")
+    if max_epochs is not None and 0 <= int(max_epochs) <= state.epochs_done:
+        raise UserError(
+            f"{ckpt_path} already trained {state.epochs_done} of {max_epochs} epochs, nothing to resume: extend it "
+            f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
+        )
+    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done} of {max_epochs}")
+    return cfg
+
+
+def resume_in_place(argv: list[str]) -> list[str]:
+    """`resume=<last.ckpt>` (or `true`) continues in the interrupted run's own folder: the command line gets that
+    folder as `hydra.run.dir` before Hydra makes a new one, so metrics.csv, TensorBoard events and checkpoints stay
+    in one place. Nothing changes when `hydra.run.dir` is given, in a multirun, or for a file outside a run folder.
+    """
+    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    if resume is None or any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
+        return argv
+    runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
+    path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
+    if path is None or path.parent.name != "checkpoints":
+        return argv
+    path = path.absolute()
+    return [*(a for a in argv if not a.startswith("resume=")), f"resume={path}", f"hydra.run.dir={path.parent.parent}"]
 
 
 def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:
@@ -141,9 +181,12 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
 
     csv = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), None)
     tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
+    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
+    rows = {"best": summary.best, "last": summary.last} if summary is not None and summary.last else {}
     print_outputs(
         f"Training done in {wall:.1f} s, {trainer.current_epoch} epoch(s). Outputs:",
         {
+            **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
             "run folder": relpath(output_dir),
             "weights": existing(ckpt_dir / "weights.pt" if ckpt_dir else None),
             "checkpoint": existing(ckpt_dir / "last.ckpt" if ckpt_dir else None),
@@ -166,6 +209,10 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.train`, `yolo5l-train`)."""
+    try:
+        sys.argv[1:] = resume_in_place(sys.argv[1:])  # in place: DDP re-launches each rank with sys.argv
+    except UserError as e:
+        fail(str(e))
     run_entry_point(_hydra_main)
 
 

@@ -1,12 +1,14 @@
-"""Training callbacks: EMA, checkpoints, validation interval, throughput, batch images."""
+"""Training callbacks: EMA, checkpoints, validation interval, throughput, batch images, console output."""
 
 from __future__ import annotations
 
 from yolo5l.callbacks.batch_plotter import BatchPlotter
 from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, LastCheckpoint
 from yolo5l.callbacks.ema import EMACallback
+from yolo5l.callbacks.progress_bar import YOLOProgressBar
 from yolo5l.callbacks.throughput import ThroughputMonitor
 from yolo5l.callbacks.val_interval import ValEveryNEpochs
+from yolo5l.callbacks.val_summary import ValidationSummary
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -15,4 +17,6 @@ __all__ = [
     "LastCheckpoint",
     "ThroughputMonitor",
     "ValEveryNEpochs",
+    "ValidationSummary",
+    "YOLOProgressBar",
 ]

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
@@ -24,7 +25,11 @@ from typing_extensions import override
 from yolo5l.errors import UserError
 from yolo5l.weights import atomic_save, save_weights
 
-__all__ = ["AtomicCheckpointIO", "LastCheckpoint", "find_resume_checkpoint"]
+__all__ = [
+    "AtomicCheckpointIO", "LastCheckpoint", "ResumeState", "RunConfig", "find_resume_checkpoint", "read_resume_state",
+]  # fmt: skip
+
+CONFIG_KEY = "yolo5l_config"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -111,33 +116,70 @@ class LastCheckpoint(ModelCheckpoint):
         super().load_state_dict(state_dict)
 
 
-def find_resume_checkpoint(resume: Any, output_dir: Path, max_epochs: int | None) -> str | None:
-    """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` beside
-    `output_dir` (`runs/train/*` by default), this run's own folder excluded.
+class RunConfig(Callback):
+    """Keep the run's composed config in every checkpoint (`checkpoint["yolo5l_config"]`), so that `resume=`
+    rebuilds the same run without the original command line.
 
-    The file is read without running pickled code (`weights_only=True`).
+    Args:
+        config: the composed config as plain containers (interpolations kept).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[CONFIG_KEY] = self.config
+
+
+@dataclass
+class ResumeState:
+    """What `resume=` needs from a checkpoint before anything is built.
+
+    Attributes:
+        path: the checkpoint.
+        epochs_done: epochs completed when it was written.
+        config: the run's composed config (None in checkpoints written without `RunConfig`).
+    """
+
+    path: Path
+    epochs_done: int
+    config: dict[str, Any] | None
+
+
+def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = None) -> Path | None:
+    """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` under
+    `runs_root` (`runs/train` by default), the folder `exclude` (the new run's own) left out.
 
     Raises:
-        UserError: The checkpoint does not exist, none was found, it is not a training checkpoint, or its run
-            already finished.
+        UserError: The checkpoint does not exist, or none was found.
     """
-    if resume is None or resume is False:
+    if resume is None or resume is False or str(resume).lower() in ("false", "null", "none", ""):
         return None
     if resume is True or str(resume).lower() == "true":
-        runs_root = output_dir.parent
         found = [
             p
             for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
-            for p in runs_root.glob(pattern)
-            if output_dir not in p.parents
+            for p in Path(runs_root).glob(pattern)
+            if exclude is None or Path(exclude) not in p.parents
         ]
         if not found:
             raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
-        path = max(found, key=lambda p: p.stat().st_mtime)
-    else:
-        path = Path(str(resume))
-        if not path.is_file():
-            raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+        return max(found, key=lambda p: p.stat().st_mtime)
+    path = Path(str(resume))
+    if not path.is_file():
+        raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+    return path
+
+
+def read_resume_state(path: Path) -> ResumeState:
+    """Read a training checkpoint without running pickled code (`weights_only=True`).
+
+    Raises:
+        UserError: The file is damaged, holds more than a yolo5l checkpoint can, or is not a training checkpoint.
+    """
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -151,10 +193,5 @@ def find_resume_checkpoint(resume: Any, output_dir: Path, max_epochs: int | None
         raise UserError(
             f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
         )
-    done = int(ckpt["epoch"]) + 1  # epochs completed when it was written at an epoch end
-    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
-        raise UserError(
-            f"{path} already trained {done} of {max_epochs} epochs, nothing to resume: start a new run with "
-            f"weights={path} (or raise trainer.max_epochs, which changes the LR schedule)"
-        )
-    return str(path)
+    # Written at an epoch end, "epoch" is the epoch just completed (0-based).
+    return ResumeState(path, int(ckpt["epoch"]) + 1, ckpt.get(CONFIG_KEY))

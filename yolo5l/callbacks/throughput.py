@@ -6,6 +6,7 @@ epoch: it reads host clocks at batch boundaries and synchronises the device only
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -27,11 +28,16 @@ class ThroughputMonitor(Callback):
     """Log `train/images_per_sec` and `train/data_wait` each epoch; warn when the input pipeline is the bottleneck.
 
     data_wait = time between the end of one training batch and the start of the next (fetch, collate, host-to-device
-    copy) / epoch wall time. Without per-step syncs the host runs ahead of the GPU and blocks on kernel launches when
-    the GPU is the bottleneck, so the waiting it does for data is what this measures.
+    copy) / the epoch's training time. Both figures count the training batches only: the clock stops at the end of
+    the epoch's last training batch, since Lightning runs validation before `on_train_epoch_end`. Without per-step
+    syncs the host runs ahead of the GPU and blocks on kernel launches when the GPU is the bottleneck, so the waiting
+    it does for data is what this measures.
+
+    The hint is printed once, and again only when the share has doubled since; it suggests only the settings the
+    datamodule does not already use.
 
     Args:
-        warn_above: data-wait share above which a hint is printed (YOLOv5 feels it above ~10 %).
+        warn_above: data-wait share above which a hint is printed.
         verbose: print a one-line summary every epoch on rank 0.
     """
 
@@ -39,6 +45,7 @@ class ThroughputMonitor(Callback):
         self.warn_above = float(warn_above)
         self.verbose = verbose
         self.last: dict[str, float] = {}
+        self._warned_at: float | None = None  # the share of the last hint
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -63,12 +70,13 @@ class ThroughputMonitor(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if batch_idx + 1 >= trainer.num_training_batches:
+            _sync(pl_module.device)  # the epoch's last training batch: its queued device work counts
         self._t_end = time.perf_counter()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _sync(pl_module.device)
-        total = max(time.perf_counter() - self._t0, 1e-9)
+        total = max(self._t_end - self._t0, 1e-9)  # up to the last training batch: validation is not counted
         ips, share = self._images / total, self._wait / total
         self.last = {"images_per_sec": ips, "data_wait": share}
         pl_module.log("train/images_per_sec", ips, rank_zero_only=True)
@@ -78,10 +86,33 @@ class ThroughputMonitor(Callback):
                 f"epoch {trainer.current_epoch}: {ips:.1f} images/s per device, "
                 f"{share:.0%} of the time waiting for data"
             )
-        if share > self.warn_above:
+        if share > self.warn_above and (self._warned_at is None or share > 2 * self._warned_at):
+            self._warned_at = share
+            advice = _advice(trainer.datamodule if hasattr(trainer, "datamodule") else None)
             rank_zero_warn(
-                f"Training waited for data {share:.0%} of epoch {trainer.current_epoch}. The input pipeline is the "
-                "bottleneck: raise data.num_workers (one per free CPU core), cache decoded images with "
-                "data.cache=ram (or data.cache=disk when RAM is short), keep data.persistent_workers=true and "
-                "data.pin_memory=true, or raise data.prefetch_factor."
+                f"Training waited for data {share:.0%} of epoch {trainer.current_epoch}: the input pipeline is the "
+                f"bottleneck. {advice}"
             )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"warned_at": self._warned_at}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._warned_at = state_dict.get("warned_at")
+
+
+def _advice(datamodule: Any) -> str:
+    """What to try, leaving out what the datamodule already does (unknown settings are suggested)."""
+    workers = getattr(datamodule, "train_workers", None)
+    tips = []
+    if not callable(workers) or workers() < (os.cpu_count() or 1):
+        tips.append("raise data.num_workers (one per free CPU core)")
+    if getattr(datamodule, "cache", "none") == "none":
+        tips.append("cache decoded images with data.cache=ram (data.cache=disk when RAM is short)")
+    if not getattr(datamodule, "persistent_workers", False):
+        tips.append("set data.persistent_workers=true")
+    if tips:
+        return "Try: " + "; ".join(tips) + "."
+    return "Workers, cache and persistent workers are already on: the CPU cores cannot prepare batches faster."

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from yolo5l.errors import UserError
+
 __all__ = [
     "CACHE_DIR_ENV",
     "CACHE_SUFFIX",
@@ -53,7 +55,7 @@ CACHE_SUFFIX = ".cache"
 CACHE_DIR_ENV = "YOLO5L_CACHE_DIR"
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file, folder or label set that cannot be used; the message names the file and the fix."""
 
 

@@ -1,0 +1,131 @@
+"""What a user watches: losses on the bar read at refresh only, a line per validation, epoch means in every CSV row,
+throughput of the training batches alone, and a data-wait hint given once."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from types import SimpleNamespace
+
+import pytest
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from torch.utils.data import DataLoader
+
+from yolo5l.callbacks import ThroughputMonitor, ValidationSummary, YOLOProgressBar
+from yolo5l.callbacks.throughput import _advice
+from yolo5l.config import compose_config
+from yolo5l.loggers import read_metrics_csv
+from yolo5l.train import build
+
+
+@pytest.fixture(scope="module")
+def smoke_fit(tmp_path_factory):
+    """The real composition (`build`) on the smoke experiment: 3 epochs of 4 batches, logging every 50 steps."""
+    tmp = tmp_path_factory.mktemp("console")
+    cfg = compose_config(
+        ["experiment=smoke", f"data.synthetic.root={tmp / 'synthetic'}", "trainer.max_epochs=3",
+         "trainer.log_every_n_steps=50", "callbacks.progress_bar.refresh_rate=3", "~callbacks.batch_plotter"],
+        output_dir=tmp / "run",
+    )  # fmt: skip
+    datamodule, module, trainer = build(cfg)
+    calls = []
+    running = module.running_losses
+    module.running_losses = lambda: calls.append(trainer.global_step) or running()
+    trainer.fit(module, datamodule=datamodule)
+    return {"tmp": tmp, "trainer": trainer, "calls": calls}
+
+
+def test_every_csv_row_has_the_epochs_mean_losses(smoke_fit):
+    rows = read_metrics_csv(smoke_fit["tmp"] / "run" / "metrics.csv")
+    assert [r["epoch"] for r in rows] == ["0", "1", "2"]  # no row holds a 50-step boundary
+    for row in rows:
+        for key in ("train/loss_box", "train/loss_obj", "train/loss_cls", "train/loss"):
+            assert float(row[key]) > 0, (key, row)
+
+
+def test_the_bar_reads_the_losses_at_refresh_only(smoke_fit):
+    trainer = smoke_fit["trainer"]
+    bar = next(cb for cb in trainer.callbacks if isinstance(cb, YOLOProgressBar))
+    assert bar.refresh_rate == 3
+    # 4 batches an epoch, redrawn after batch 3 and 4 and once after validation: never once per step.
+    assert 0 < len(smoke_fit["calls"]) <= 3 * 3
+    assert len(smoke_fit["calls"]) < trainer.global_step * 3  # 12 steps
+
+
+def test_validation_summary_keeps_the_best_and_last_rows(smoke_fit):
+    summary = next(cb for cb in smoke_fit["trainer"].callbacks if isinstance(cb, ValidationSummary))
+    assert summary.last["epoch"] == 2
+    assert summary.best["val/fitness"] >= summary.last["val/fitness"]
+    assert {"val/precision", "val/recall", "val/map_50", "val/map"} <= set(summary.last)
+
+
+class _SlowVal(BoringModel):
+    def val_dataloader(self):
+        class Slow(RandomDataset):
+            def __getitem__(self, i):
+                time.sleep(0.25)
+                return super().__getitem__(i)
+
+        return DataLoader(Slow(32, 4), batch_size=2)
+
+
+def _fit(tmp_path, model, callbacks, epochs=1, **kw):
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(
+        max_epochs=epochs, limit_train_batches=16, callbacks=callbacks, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path, accelerator="cpu", **kw,
+    )  # fmt: skip
+    trainer.fit(model)
+    return trainer
+
+
+def test_throughput_counts_the_training_batches_only(tmp_path):
+    mon = ThroughputMonitor(verbose=False)
+    t0 = time.perf_counter()
+    _fit(tmp_path, _SlowVal(), [mon])
+    wall = time.perf_counter() - t0  # includes ~1 s of validation (4 batches x 0.25 s)
+    assert wall > 0.9
+    images = 16 * 2  # BoringModel's train loader: batch 2 (limit 16 batches)
+    assert mon.last["images_per_sec"] > 3 * images / wall  # the validation second is not in the denominator
+
+
+class _SlowTrain(BoringModel):
+    def train_dataloader(self):
+        class Slow(RandomDataset):
+            def __getitem__(self, i):
+                time.sleep(0.01)
+                return super().__getitem__(i)
+
+        return DataLoader(Slow(32, 64), batch_size=2)
+
+
+def test_the_data_wait_hint_is_given_once(tmp_path):
+    mon = ThroughputMonitor(warn_above=0.10, verbose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(tmp_path, _SlowTrain(), [mon], epochs=3, limit_val_batches=0)
+    hints = [w for w in caught if "waited for data" in str(w.message)]
+    assert mon.last["data_wait"] > 0.3
+    assert len(hints) == 1  # the share stays the same: no repeat
+
+
+def test_the_hint_leaves_out_what_the_data_already_does(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    fed = SimpleNamespace(train_workers=lambda: 2, cache="ram", persistent_workers=True)
+    assert "already on" in _advice(fed)
+    half = SimpleNamespace(train_workers=lambda: 0, cache="ram", persistent_workers=False)
+    text = _advice(half)
+    assert "num_workers" in text
+    assert "data.cache" not in text
+
+
+def test_config_of_the_console_callbacks(tmp_path):
+    cfg = compose_config(output_dir=tmp_path)
+    assert cfg.callbacks.progress_bar._target_ == "yolo5l.callbacks.progress_bar.YOLOProgressBar"
+    assert "val_summary" in cfg.callbacks
+    # Lightning refuses a progress-bar callback with the bar off: build() leaves it out then.
+    cfg = compose_config(["experiment=smoke", "trainer.enable_progress_bar=false",
+                          f"data.synthetic.root={tmp_path / 's'}"], output_dir=tmp_path / "r")  # fmt: skip
+    _, _, trainer = build(cfg)
+    assert not any(isinstance(cb, YOLOProgressBar) for cb in trainer.callbacks)
