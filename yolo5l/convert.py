@@ -1,10 +1,10 @@
-"""Convert an ultralytics/yolov5 v6-v7 ``.pt`` file into a plain yolo5l checkpoint.
+"""Convert an ultralytics/yolov5 v6-v7 ``.pt`` file (or a yolo5l training checkpoint) into a yolo5l weights file.
 
     python -m yolo5l.convert yolov5s.pt yolov5s_yolo5l.pt [--num-classes N]
 
-The output holds ``model_config`` {depth, width, num_classes, anchors}, ``state_dict`` (float32) and ``names``;
-``torch.load(out, weights_only=True)`` reads it and :func:`yolo5l.weights.load_checkpoint` builds the model.
-The input is read with a restricted unpickler: no ultralytics install is needed and no pickled code runs.
+The output is what :func:`yolo5l.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
+anchors}, ``state_dict`` (half precision) and ``names``; ``torch.load(out, weights_only=True)`` reads it. The input
+is read without running pickled code (``yolo5l.safe_pickle``): no ultralytics install is needed.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ import sys
 from collections.abc import Sequence
 
 from yolo5l.errors import EXIT_USAGE
-from yolo5l.weights import UnsafeCheckpointError, load_ultralytics, save_weights
+from yolo5l.weights import UnsafeCheckpointError, load_weights, save_weights
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m yolo5l.convert",
-        description="Convert an ultralytics/yolov5 v6-v7 .pt file into a yolo5l checkpoint (safe to load).",
+        description="Convert an ultralytics/yolov5 v6-v7 .pt file (GitHub or PyPI yolov5 layout), or a yolo5l "
+        "last.ckpt / best.ckpt, into a yolo5l weights file (safe to load).",
     )
-    parser.add_argument("source", help="ultralytics/yolov5 .pt file (e.g. yolov5s.pt, runs/train/exp/weights/best.pt)")
+    parser.add_argument("source", help="yolov5s.pt, an ultralytics best.pt, or a yolo5l last.ckpt / best.ckpt")
     parser.add_argument("output", help="yolo5l checkpoint to write")
     parser.add_argument(
         "--num-classes",
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.output}: output would overwrite the source; choose another path", file=sys.stderr)
         return EXIT_USAGE
     try:
-        model, info = load_ultralytics(args.source, num_classes=args.num_classes)
+        model, info = load_weights(args.source, num_classes=args.num_classes)
         save_weights(model, args.output, info.names)
     except (FileNotFoundError, UnsafeCheckpointError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -64,6 +64,9 @@ class StandIn:
 _MODULE_CLASSES: dict[str, tuple[str, ...]] = {
     "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
     "models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
+    # The PyPI `yolov5` package pickles the same classes under its own package name.
+    "yolov5.models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
+    "yolov5.models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
     "torch.nn.modules.activation": ("SiLU", "ReLU", "LeakyReLU", "Hardswish"),
     "torch.nn.modules.batchnorm": ("BatchNorm2d",),
     "torch.nn.modules.container": ("ModuleList", "Sequential"),

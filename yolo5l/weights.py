@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from yolo5l.errors import UserError
-from yolo5l.models.yolo import _LAYERS, STRIDES, YOLOv5
+from yolo5l.models.yolo import _LAYERS, ANCHORS_P3_P5, STRIDES, YOLOv5
 from yolo5l.safe_pickle import StandIn, UnsafeCheckpointError, restricted_pickle
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class LoadInfo:
     total: int
     skipped: list[str] = field(default_factory=list)
     file_num_classes: int = 0
+    imgsz: int | None = None  # the image size the weights were trained at, when the file records it
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -291,7 +292,12 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
 
 
 def save_weights(
-    model: YOLOv5, path: str | os.PathLike[str], names: list[str] | None = None, half: bool = True
+    model: YOLOv5,
+    path: str | os.PathLike[str],
+    names: list[str] | None = None,
+    half: bool = True,
+    imgsz: int | None = None,
+    state_dict: Mapping[str, Tensor] | None = None,
 ) -> pathlib.Path:
     """Write a yolo5l weights file that ``torch.load(weights_only=True)`` reads (atomically).
 
@@ -301,6 +307,9 @@ def save_weights(
         names: Class names (defaults to ``["0", "1", ...]``).
         half: Store floating tensors in half precision, as YOLOv5's ``strip_optimizer`` does (half the size; the
             model is built in float32 again when loaded).
+        imgsz: The training image size, recorded so that predict and export default to it.
+        state_dict: Weights to write instead of the model's own (e.g. the EMA weights of a checkpoint), with the
+            model's keys.
 
     Returns:
         The path written.
@@ -313,7 +322,7 @@ def save_weights(
         raise ValueError(f"{len(names)} names for a model with {model.num_classes} classes")
     state = {
         k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().clone()
-        for k, v in model.state_dict().items()
+        for k, v in (model.state_dict() if state_dict is None else state_dict).items()
     }
     ckpt = {
         "model_config": {
@@ -324,6 +333,7 @@ def save_weights(
         },
         "state_dict": state,
         "names": names,
+        "imgsz": None if imgsz is None else int(imgsz),
     }
     return atomic_save(ckpt, path)
 
@@ -357,6 +367,8 @@ def load_checkpoint(
         ) from None
     except (EOFError, RuntimeError, ValueError) as e:
         raise _NotYolo5lCheckpoint(f"{p}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
+    if isinstance(ckpt, Mapping) and {"state_dict", "hyper_parameters"} <= set(ckpt):
+        ckpt = _from_training_checkpoint(ckpt, p)
     if not isinstance(ckpt, Mapping) or not {"model_config", "state_dict"} <= set(ckpt):
         keys = sorted(map(str, ckpt)) if isinstance(ckpt, Mapping) else type(ckpt).__name__
         raise _NotYolo5lCheckpoint(f"{p}: not a yolo5l checkpoint (expected model_config and state_dict, found {keys})")
@@ -370,7 +382,28 @@ def load_checkpoint(
     )
     names = [str(n) for n in ckpt.get("names") or range(file_nc)]
     model, info = _transfer(model, ckpt["state_dict"], p, names, file_nc)
+    info.imgsz = int(ckpt["imgsz"]) if isinstance(ckpt.get("imgsz"), int) else None
     return _to_device(model, map_location), info
+
+
+def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """A Lightning `last.ckpt` / `best.ckpt` of yolo5l as a weights file: its `state_dict` (the EMA weights when the
+    run had `EMACallback`), the model's size from the run's config, the class names from the module's."""
+    run = ckpt.get("yolo5l_config")
+    names = (ckpt.get("hyper_parameters") or {}).get("names")
+    if not isinstance(run, Mapping) or not names:
+        raise ValueError(f"{path}: a training checkpoint without yolo5l's run config: use the run's weights.pt")
+    model = run["model"]
+    imgsz = (run.get("data") or {}).get("imgsz")
+    return {
+        "model_config": {
+            "depth": model["depth"], "width": model["width"], "num_classes": len(names),
+            "anchors": model.get("anchors") or [list(a) for a in ANCHORS_P3_P5],
+        },
+        "state_dict": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")},
+        "names": list(names),
+        "imgsz": imgsz if isinstance(imgsz, int) else None,
+    }  # fmt: skip
 
 
 def load_weights(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from yolo5l.callbacks.batch_plotter import BatchPlotter
 from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, LastCheckpoint
+from yolo5l.callbacks.early_stopping import FitnessEarlyStopping
 from yolo5l.callbacks.ema import EMACallback
 from yolo5l.callbacks.progress_bar import YOLOProgressBar
 from yolo5l.callbacks.throughput import ThroughputMonitor
@@ -14,6 +15,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "BatchPlotter",
     "EMACallback",
+    "FitnessEarlyStopping",
     "LastCheckpoint",
     "ThroughputMonitor",
     "ValEveryNEpochs",

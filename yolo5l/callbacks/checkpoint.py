@@ -50,14 +50,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """`last.ckpt` every `every_n_epochs` epochs (and at the end), `best.ckpt` by `val/fitness` if asked, and the
-    stripped `weights.pt` at the end of fit, all in `dirpath` (default: the logger's `checkpoints/` folder).
+    """`last.ckpt` every `every_n_epochs` epochs (and at the end), `best.pt` (the stripped weights of the best
+    validation by `val/fitness`, as YOLOv5 keeps best.pt), `best.ckpt` too if asked, and the stripped `weights.pt` at
+    the end of fit, all in `dirpath` (default: the logger's `checkpoints/` folder).
 
     Resume with `trainer.fit(module, datamodule, ckpt_path=".../last.ckpt")`.
 
     Args:
         every_n_epochs: epochs between writes of last.ckpt.
-        save_best: also keep `best.ckpt`, the checkpoint with the highest `val/fitness` so far.
+        save_best: also keep `best.ckpt`, the full training checkpoint with the highest `val/fitness` so far
+            (best.pt, its weights, is always kept).
         dirpath: output folder.
         weights_name: file name of the stripped weights written at the end of fit (None: do not write).
     """
@@ -80,20 +82,32 @@ class LastCheckpoint(ModelCheckpoint):
         )
         self.save_best = save_best
         self.best_fitness: float | None = None
+        self.best_epoch: int | None = None
         self.weights_name = weights_name
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self.save_best or trainer.sanity_checking or trainer.state.fn != "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit":
             return
         fit = trainer.callback_metrics.get("val/fitness")
         if fit is None:
             return
         fit = float(fit)  # once per validation; identical on all ranks (the metric is computed after a gather)
         if self.best_fitness is None or fit >= self.best_fitness:
-            self.best_fitness = fit
-            trainer.save_checkpoint(os.path.join(self.dirpath, "best.ckpt"))  # on every rank: it is a collective
+            self.best_fitness, self.best_epoch = fit, trainer.current_epoch
+            self._write_best_weights(trainer, pl_module)
+            if self.save_best:
+                trainer.save_checkpoint(os.path.join(self.dirpath, "best.ckpt"))  # on every rank: it is a collective
+
+    @rank_zero_only
+    def _write_best_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The weights as trainer.save_checkpoint would write them (callbacks' on_save_checkpoint applied: the EMA
+        # weights with EMACallback), dumped in memory.
+        state = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)["state_dict"]
+        weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        path = os.path.join(self.dirpath, "best.pt")
+        save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), state_dict=weights)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -104,16 +118,23 @@ class LastCheckpoint(ModelCheckpoint):
     def _write_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         fs = get_filesystem(self.dirpath)
         fs.makedirs(self.dirpath, exist_ok=True)
-        save_weights(pl_module.model, os.path.join(self.dirpath, self.weights_name), pl_module.names)
+        path = os.path.join(self.dirpath, self.weights_name)
+        save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer))
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_fitness": self.best_fitness}
+        return {**super().state_dict(), "best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.best_fitness = state_dict.get("best_fitness")
+        self.best_epoch = state_dict.get("best_epoch")
         super().load_state_dict(state_dict)
+
+
+def _imgsz(trainer: pl.Trainer) -> int | None:
+    imgsz = getattr(getattr(trainer, "datamodule", None), "imgsz", None)
+    return imgsz if isinstance(imgsz, int) else None
 
 
 class RunConfig(Callback):
