@@ -16,7 +16,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 train: venv
-	$(BIN)/python -m yolo5l.train $(ARGS)
+	$(BIN)/python -m yolo5l.train experiment=quickstart $(ARGS)
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from importlib.resources import files
 
 import pytest
@@ -402,3 +403,16 @@ def test_epoch_csv_logger_one_row_per_epoch(tmp_path):
     assert rows[1]["val/map"] == ""
     assert lg.history["train/loss_box"] == [0.5, 0.4, 0.3]
     assert not math.isnan(float(rows[1]["train/loss_box"]))
+
+
+def test_every_conf_folder_ships_in_the_wheel():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    packages = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        "yolo5l.conf" + "".join(f".{part}" for part in p.relative_to(root / "conf").parts)
+        for p in [root / "conf", *(root / "conf").rglob("*")]
+        if p.is_dir() and any(p.glob("*.yaml"))
+    }
+    assert folders <= packages, f"add to pyproject's packages: {sorted(folders - packages)}"

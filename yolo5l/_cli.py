@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -89,11 +90,33 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+#: Lightning's console messages that say nothing about this run (a product tip, a size estimate it cannot make
+#: under mixed precision, an interval note that the per-epoch CSV makes moot, a deprecation inside Lightning).
+_NOISE = (
+    "Tip: For seamless cloud logging",
+    "is not supported by the model summary",
+    "is smaller than the logging interval",
+    "isinstance(treespec, LeafSpec)` is deprecated",
+)
+
+
+def _not_noise(record: logging.LogRecord) -> bool:
+    return not any(text in record.getMessage() for text in _NOISE)
+
+
 def one_console_line_per_log() -> None:
-    """Drop the `lightning` package's own console handler once the root logger has handlers (Hydra's console and
-    job-log file): the record still reaches both through the root, instead of being printed twice. Call it after
-    `lightning` is imported (its import adds the handler)."""
+    """Tidy the console of a command: drop the `lightning` package's own console handler once the root logger has
+    handlers (Hydra's console and job-log file: the record still reaches both through the root, instead of being
+    printed twice), and leave out Lightning's messages in `_NOISE`. Call it after `lightning` is imported (its import
+    adds the handler)."""
+    import warnings
+
     import lightning  # noqa: F401 - the handler is added by this import
+
+    for text in _NOISE:
+        warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_not_noise)
     if not logging.getLogger().handlers:
         return
     lightning_logger = logging.getLogger("lightning")
