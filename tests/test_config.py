@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from importlib.resources import files
+from pathlib import Path
 
 import pytest
 import torch

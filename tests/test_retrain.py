@@ -115,7 +115,7 @@ def test_the_pypi_yolov5_packages_pickles_load(tmp_path, monkeypatch):
     _randomize(model)
     path = tmp_path / "pypi.pt"
     torch.save(_ultralytics_ckpt(model.half()), path)
-    for name in list(renamed) + ["yolov5"]:
+    for name in [*renamed, "yolov5"]:
         monkeypatch.delitem(sys.modules, name)  # loading must not need the package
     loaded, info = load_weights(path)
     assert info.transferred == info.total == len(loaded.state_dict())
