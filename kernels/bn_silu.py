@@ -4,7 +4,7 @@ Every YOLOv5 ``Conv`` block is conv -> BatchNorm2d -> SiLU. On the CPU the unfus
 activations five times forward and six times backward and keeps the BN output for the SiLU backward; its SiLU is
 bound by a vector division. ``_bn_silu.c`` makes two passes each way, recomputes y = BN(x) in the backward instead
 of storing it, and uses a polynomial exp and a Newton reciprocal. Measured on yolov5s's 57 BN layers at 320 px,
-batch 16, bf16 (``python scripts/bench_kernels.py --only bn_silu``), see the README's "Speed" section.
+batch 16, bf16 (``python scripts/bench_kernels.py --only bn_silu``): docs/benchmarks.md, "BatchNorm + SiLU".
 
 The kernels are the PyTorch operators ``torch.ops.yolo5l.bn_silu_fwd`` and ``torch.ops.yolo5l.bn_silu_bwd``
 (``torch.library.custom_op``, CPU only, with fake implementations and an autograd formula), so the dispatcher,
