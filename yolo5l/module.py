@@ -29,6 +29,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import Metric
 
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh_to_xyxy
+from yolo5l.errors import UserError
 from yolo5l.optim import (
     OPTIMIZER_IMPLS,
     extend_schedule,
@@ -38,10 +39,14 @@ from yolo5l.optim import (
     yolov5_param_groups,
 )
 
-__all__ = ["YOLOv5Module"]
+__all__ = ["TrainingDiverged", "YOLOv5Module"]
 
 _CLIP_NORM = 10.0  # YOLOv5 train.py: clip_grad_norm_(max_norm=10)
 _MIN_WARMUP_ITERS = 100  # YOLOv5 train.py: nw = max(round(warmup_epochs * nb), 100)
+
+
+class TrainingDiverged(UserError):
+    """The loss or the gradients stayed non-finite: the run stops with a line that names the fix."""
 
 
 def _loss_dict(items: Tensor) -> dict[str, Tensor]:
@@ -88,6 +93,8 @@ class YOLOv5Module(pl.LightningModule):
             "fused", "foreach" or "loop" (torch's per-tensor reference). All give the same SGD updates.
         fuse_eval: validate a Conv+BN-fused copy of the weights being evaluated (the EMA ones with `EMACallback`),
             made once per validation epoch; False runs the training model in eval mode.
+        max_nonfinite_steps: stop the run after this many optimizer steps in a row with a non-finite loss or
+            gradient (each is skipped, as GradScaler skips them). Checked every `log_every_n_steps` batches.
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class YOLOv5Module(pl.LightningModule):
         channels_last: bool = False,
         optimizer_impl: str = "auto",
         fuse_eval: bool = True,
+        max_nonfinite_steps: int = 50,
     ) -> None:
         super().__init__()
         names = _plain(names)  # before save_hyperparameters, which reads these locals
@@ -129,6 +137,8 @@ class YOLOv5Module(pl.LightningModule):
         self._eval_model: nn.Module | None = None  # fused copy for validation; never a submodule (see below)
         self._loss_sum: Tensor | None = None  # this epoch's [box, obj, cls] summed over batches, on the device
         self._loss_batches = 0
+        self._bad_streak = torch.zeros((), dtype=torch.long)  # optimizer steps in a row with non-finite gradients
+        self.step_finite: Tensor | None = None  # whether the last optimizer step was applied
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -161,6 +171,11 @@ class YOLOv5Module(pl.LightningModule):
         for group in opt.param_groups:
             if "momentum" in group:
                 group.setdefault("initial_momentum", group["momentum"])  # the warmup's target
+            if group.get("momentum"):
+                # Zero momentum buffers give the first step exactly the update it would make without them, and let
+                # a skipped first step (found_inf, see on_before_optimizer_step) leave them defined.
+                for p in group["params"]:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         sched = self.scheduler_factory(optimizer=opt, epochs=self.trainer.max_epochs)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
@@ -230,21 +245,40 @@ class YOLOv5Module(pl.LightningModule):
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._no_sync.close()
+        last = batch_idx + 1 >= self.trainer.num_training_batches
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0 or last:
+            self._check_divergence()
 
     def _grad_scaler(self) -> Any:
         plugin = self.trainer.precision_plugin
         return getattr(plugin, "scaler", None) if isinstance(plugin, MixedPrecision) else None
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Called inside opt.step() after GradScaler.unscale_ (16-mixed), so the norm is of the true gradients.
-        if self._grad_scaler() is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=_CLIP_NORM, gradient_clip_algorithm="norm")
-            return
-        # No scaler (32-true, bf16-mixed): the gradients are the true ones, so clip them directly, which is what
-        # Lightning's Precision.clip_gradients does, minus its refusal of fused optimizers. No host sync: the
-        # clip coefficient stays a tensor.
+        # Called inside opt.step() after GradScaler.unscale_ (16-mixed), so the norm is of the true gradients. Clipped
+        # here, as Lightning's Precision.clip_gradients would, minus its refusal of fused optimizers. No host sync:
+        # the norm and the flags stay tensors.
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(params, _CLIP_NORM)
+        norm = torch.nn.utils.clip_grad_norm_(params, _CLIP_NORM)
+        bad = ~torch.isfinite(norm)  # a non-finite loss or gradient anywhere makes the total norm non-finite
+        self.step_finite = ~bad  # EMACallback keeps skipped steps out of the EMA
+        self._bad_streak = torch.where(bad, self._bad_streak.to(bad.device) + 1, 0)
+        if self._grad_scaler() is not None:
+            return  # GradScaler skips non-finite steps itself
+        if optimizer.defaults.get("fused"):
+            optimizer.found_inf = bad.float()  # the fused kernels skip the whole update on the device, as under AMP
+        elif bool(bad):  # host sync, with the explicit foreach/loop implementations only: their skip needs the host
+            for p in params:
+                p.grad = None  # a parameter without a gradient is left alone: no momentum, no decay
+
+    def _check_divergence(self) -> None:
+        """Stop a run whose steps keep failing. Reads the streak once per logging interval (a host sync)."""
+        streak = int(self._bad_streak)
+        if streak >= self.hparams.max_nonfinite_steps:
+            raise TrainingDiverged(
+                f"training diverged: {streak} optimizer steps in a row had a non-finite loss or gradient (epoch "
+                f"{self.current_epoch}); they were skipped and no checkpoint holds them. Try trainer.precision=32 or "
+                f"a lower hyp.lr0, then resume from the last checkpoint"
+            )
 
     def on_train_epoch_end(self) -> None:
         if self._loss_sum is not None:  # the epoch's mean losses: every metrics.csv row carries them

@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):
             cfg.data.batch_size = tune_batch_size(trainer, module, datamodule, cfg.tune)
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

@@ -320,9 +320,13 @@ def save_weights(
     names = [str(i) for i in range(model.num_classes)] if names is None else [str(n) for n in names]
     if len(names) != model.num_classes:
         raise ValueError(f"{len(names)} names for a model with {model.num_classes} classes")
+    source = model.state_dict() if state_dict is None else state_dict
+    bad = next((k for k, v in source.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:
+        raise ValueError(f"not writing {os.fspath(path)}: {bad} holds non-finite values (a diverged run?)")
     state = {
         k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().clone()
-        for k, v in (model.state_dict() if state_dict is None else state_dict).items()
+        for k, v in source.items()
     }
     ckpt = {
         "model_config": {

@@ -19,14 +19,15 @@ import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.errors import UserError
 from yolo5l.weights import atomic_save, save_weights
 
 __all__ = [
-    "AtomicCheckpointIO", "LastCheckpoint", "ResumeState", "RunConfig", "find_resume_checkpoint", "read_resume_state",
+    "AtomicCheckpointIO", "LastCheckpoint", "ResumeState", "RunConfig", "checkpoint_position", "find_resume_checkpoint",
+    "read_resume_state",
 ]  # fmt: skip
 
 CONFIG_KEY = "yolo5l_config"
@@ -43,10 +44,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}")
+        bad = _non_finite(checkpoint)
+        if bad:
+            # A diverged run must not replace the last good checkpoint (YOLOv5Module skips non-finite steps, but the
+            # raw weights' BatchNorm statistics may already hold NaN from the forward pass that produced them).
+            rank_zero_warn(f"not writing {path}: {bad} holds non-finite values; the previous checkpoint is kept")
+            return
         if "://" in str(path) and not str(path).startswith("file://"):
             super().save_checkpoint(checkpoint, path)
             return
         atomic_save(checkpoint, path)
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+        # Checkpoints travel between people and clusters: never run pickled code, whatever the caller asked for.
+        return super().load_checkpoint(path, map_location=map_location or "cpu", weights_only=True)
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -107,7 +119,10 @@ class LastCheckpoint(ModelCheckpoint):
         state = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)["state_dict"]
         weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
         path = os.path.join(self.dirpath, "best.pt")
-        save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), state_dict=weights)
+        try:
+            save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), state_dict=weights)
+        except ValueError as e:  # non-finite weights: the previous best.pt stays
+            rank_zero_warn(str(e))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -119,7 +134,19 @@ class LastCheckpoint(ModelCheckpoint):
         fs = get_filesystem(self.dirpath)
         fs.makedirs(self.dirpath, exist_ok=True)
         path = os.path.join(self.dirpath, self.weights_name)
-        save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer))
+        try:
+            save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer))
+        except ValueError as e:  # non-finite weights: nothing is written rather than a broken file
+            rank_zero_warn(str(e))
+
+    @property
+    def last_path(self) -> str:
+        """The `last.ckpt` this callback writes."""
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+
+    def saved_at_step(self, global_step: int) -> bool:
+        """Whether this callback's last write was at `global_step` (PreemptionCheckpoint asks at an epoch end)."""
+        return self._last_global_step_saved == global_step
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -130,6 +157,16 @@ class LastCheckpoint(ModelCheckpoint):
         self.best_fitness = state_dict.get("best_fitness")
         self.best_epoch = state_dict.get("best_epoch")
         super().load_state_dict(state_dict)
+
+
+def _non_finite(checkpoint: dict[str, Any]) -> str | None:
+    """The name of the first weights tensor of a checkpoint with a NaN or inf (one host sync per tensor: at save
+    time only), else None."""
+    for part in ("state_dict", "current_model_state"):
+        for name, t in (checkpoint.get(part) or {}).items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"{part}[{name!r}]"
+    return None
 
 
 def _imgsz(trainer: pl.Trainer) -> int | None:
@@ -163,11 +200,13 @@ class ResumeState:
         path: the checkpoint.
         epochs_done: epochs completed when it was written.
         config: the run's composed config (None in checkpoints written without `RunConfig`).
+        batches_done: batches of epoch `epochs_done` already trained (a mid-epoch checkpoint; 0 at an epoch end).
     """
 
     path: Path
     epochs_done: int
     config: dict[str, Any] | None
+    batches_done: int = 0
 
 
 def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = None) -> Path | None:
@@ -214,5 +253,22 @@ def read_resume_state(path: Path) -> ResumeState:
         raise UserError(
             f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
         )
-    # Written at an epoch end, "epoch" is the epoch just completed (0-based).
-    return ResumeState(path, int(ckpt["epoch"]) + 1, ckpt.get(CONFIG_KEY))
+    epochs_done, batches_done = checkpoint_position(ckpt)
+    return ResumeState(path, epochs_done, ckpt.get(CONFIG_KEY), batches_done)
+
+
+def checkpoint_position(ckpt: dict[str, Any]) -> tuple[int, int]:
+    """Where a training checkpoint stands: (epochs completed, batches of the next epoch already trained).
+
+    Lightning counts an epoch as processed just before its `on_train_epoch_end`, where `LastCheckpoint` saves, so the
+    fit loop's `epoch_progress.current.processed` is the number of completed epochs for an epoch-end checkpoint and
+    for a mid-epoch one alike (`PreemptionCheckpoint`'s, whose "epoch" is the epoch still running). A checkpoint
+    without loop state was written at an epoch end: "epoch" is the epoch just completed (0-based).
+    """
+    loop = (ckpt.get("loops") or {}).get("fit_loop") or {}
+    try:
+        epochs = int(loop["epoch_progress"]["current"]["processed"])
+        batches = int(loop["epoch_loop.batch_progress"]["current"]["processed"])
+    except (KeyError, TypeError, ValueError):
+        return int(ckpt["epoch"]) + 1, 0
+    return epochs, batches if epochs == int(ckpt["epoch"]) else 0

@@ -80,11 +80,11 @@ class EMACallback(Callback):
         self._ema = [src[n].detach().to(device=sd[n].device, dtype=sd[n].dtype, copy=True) for n in self._names]
         # Cached references: parameters and buffers are updated in place by the optimizer and load_state_dict.
         self._model = [sd[n].detach() for n in self._names]
+        params = {n for n, _ in pl_module.named_parameters()}
         floats = [i for i, t in enumerate(self._ema) if t.is_floating_point()]
         self._ema_floats = [self._ema[i] for i in floats]
         self._model_floats = [self._model[i] for i in floats]
         self._int_pairs = [(self._ema[i], self._model[i]) for i in range(len(self._ema)) if i not in set(floats)]
-        params = {n for n, _ in pl_module.named_parameters()}
         self._ema_buffers = [t for n, t in zip(self._names, self._ema, strict=True) if n not in params]
         self._pending = None
 
@@ -119,6 +119,10 @@ class EMACallback(Callback):
         self._last_step = trainer.global_step
         self.updates += 1
         d = self.decay_at(self.updates)
+        applied = getattr(pl_module, "step_finite", None)  # YOLOv5Module: False when it skipped a non-finite step
+        if isinstance(applied, Tensor):
+            self._update_guarded(applied, 1.0 - d)
+            return
         with torch.no_grad():
             if self._ema_floats and self.foreach:
                 # v = d v + (1 - d) m  ==  lerp(v, m, 1 - d); the weight is a Python float: no host sync
@@ -128,6 +132,25 @@ class EMACallback(Callback):
                     e.lerp_(m, 1.0 - d)
             for e, m in self._int_pairs:
                 e.copy_(m)
+
+    @torch.no_grad()
+    def _update_guarded(self, applied: Tensor, weight: float) -> None:
+        """The EMA update when the module reports whether its step was applied (YOLOv5Module skips non-finite ones).
+
+        No host sync: the lerp weight is a device tensor, 0 after a skipped step, which left the parameters as they
+        were. BatchNorm running statistics are the exception: the forward pass of a non-finite step may already
+        have put NaN in the model's, and lerp(e, NaN, 0) is NaN. A run in that state stops after
+        `max_nonfinite_steps` and no checkpoint takes those values (AtomicCheckpointIO refuses non-finite ones).
+        """
+        ema, model = self._ema_floats, self._model_floats
+        w = applied.to(ema[0].dtype if ema else torch.float32) * weight
+        if ema and self.foreach:
+            torch._foreach_lerp_(ema, model, w)
+        else:
+            for e, m in zip(ema, model, strict=True):
+                e.lerp_(m, w)
+        for e, m in self._int_pairs:
+            e.copy_(m)
 
     def _broadcast_buffers(self, trainer: pl.Trainer) -> None:
         """Give every rank rank 0's EMA buffers (DDP keeps the parameters, not the running statistics, in sync)."""

@@ -8,6 +8,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from yolo5l.errors import UserError
+
 __all__ = ["ValEveryNEpochs"]
 
 
@@ -26,6 +28,7 @@ class ValEveryNEpochs(Callback):
         if int(n) != n or n < 1:
             raise ValueError(f"ValEveryNEpochs: n must be a positive integer, got {n!r}")
         self.n = int(n)
+        self._set: int | None = None  # the value this callback last gave the Trainer
 
     def should_validate(self, epoch: int, max_epochs: int | None) -> bool:
         """Whether validation runs after 0-based `epoch`."""
@@ -33,7 +36,16 @@ class ValEveryNEpochs(Callback):
         return (epoch + 1) % self.n == 0 or last
 
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # This callback owns the interval: an experiment's own trainer.check_val_every_n_epoch would be overwritten.
+        if trainer.check_val_every_n_epoch not in (None, 1, self._set):
+            raise UserError(
+                f"trainer.check_val_every_n_epoch={trainer.check_val_every_n_epoch} conflicts with ValEveryNEpochs: "
+                f"set the interval with callbacks.val_interval.n={trainer.check_val_every_n_epoch} instead"
+            )
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         validate = self.should_validate(trainer.current_epoch, trainer.max_epochs)
         # (current_epoch + 1) % check_val_every_n_epoch == 0 is Lightning's test; sys.maxsize never divides it.
-        trainer.check_val_every_n_epoch = 1 if validate else sys.maxsize
+        trainer.check_val_every_n_epoch = self._set = 1 if validate else sys.maxsize
