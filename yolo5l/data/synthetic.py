@@ -7,8 +7,9 @@ triangle (blue), cross (yellow). At least one and at most ``max_objects`` non-ov
 Labels are the exact pixel extents of the drawn shapes (the objects never overlap).
 
 Generation is deterministic (image i of a split depends only on (seed, split, i)), happens once (a marker
-file written last records the parameters), and is atomic: it writes into a temporary sibling folder that is
-renamed into place, so concurrent processes (DDP ranks, sweep jobs) never see half a dataset.
+file written last records the parameters; an flock on ``.<root name>.lock`` beside the root makes concurrent callers,
+such as sweep jobs or runs started together, wait for the one generating it), and is atomic: it writes into a
+temporary sibling folder that is renamed into place, so concurrent processes never see half a dataset.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, format_labels
+from yolo5l.download import file_lock
 
 __all__ = ["COLORS", "MARKER", "NAMES", "ensure_synthetic", "render_sample"]
 
@@ -215,26 +217,31 @@ def ensure_synthetic(
             f"need {_MIN_IMAGE_SIDE} <= min_side <= max_side, got min_side={min_side}, max_side={max_side}"
         )
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        _write_split(tmp, "train", num_train, seed, min_side, max_side, quality)
-        _write_split(tmp, "val", num_val, seed, min_side, max_side, quality)
-        (tmp / DATA_YAML).write_text(_data_yaml(NAMES))
-        (tmp / MARKER).write_text(json.dumps(params))  # last: marks the dataset complete
-        if root.exists() and not _is_complete(root, params):
-            # A stale or partial dataset (other parameters, or an interrupted pre-marker layout): move it aside.
-            stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
-            with contextlib.suppress(OSError):
-                os.replace(root, stale / root.name)
-            shutil.rmtree(stale, ignore_errors=True)
+    # One process generates; the others wait, then find it complete. Unlocked, each would render the whole dataset,
+    # and one could move the copy another had just put in place aside as stale while that one was reading it.
+    with file_lock(root.parent / f".{root.name}.lock", f"generating the synthetic dataset {root}"):
+        if _is_complete(root, params):
+            return root / DATA_YAML
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
         try:
-            os.rename(tmp, root)
-        except OSError:
-            # Another process renamed its copy into place first: theirs is identical, use it.
-            if not _is_complete(root, params):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            _write_split(tmp, "train", num_train, seed, min_side, max_side, quality)
+            _write_split(tmp, "val", num_val, seed, min_side, max_side, quality)
+            (tmp / DATA_YAML).write_text(_data_yaml(NAMES))
+            (tmp / MARKER).write_text(json.dumps(params))  # last: marks the dataset complete
+            if root.exists() and not _is_complete(root, params):
+                # A stale or partial dataset (other parameters, or an interrupted pre-marker layout): move it aside.
+                stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
+                with contextlib.suppress(OSError):
+                    os.replace(root, stale / root.name)
+                shutil.rmtree(stale, ignore_errors=True)
+            try:
+                os.rename(tmp, root)
+            except OSError:
+                # Without flock (Windows) another process may have renamed its identical copy into place first.
+                if not _is_complete(root, params):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return root / DATA_YAML
 
 
