@@ -347,7 +347,7 @@ def check_export_config(cfg: DictConfig) -> None:
         UserError: One sentence naming the key and the fix.
     """
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
-    _check_file(cfg.weights, "weights", "pass a yolo5l weights.pt / last.ckpt or an ultralytics yolov5*.pt")
+    _check_weights(cfg.weights)
     fmt = str(cfg.get("format"))
     if fmt not in EXPORT_FORMATS:
         raise UserError(f"format={fmt!r} is not one of: {', '.join(EXPORT_FORMATS)}")

@@ -1,0 +1,308 @@
+"""Run exported detectors (`python -m yolo5l.export`): ONNX through onnxruntime, TorchScript through `torch.jit`.
+
+    >>> model, names, imgsz, stride = load_exported("weights.onnx")
+    >>> boxes = model(images)  # (B, 3, H, W) RGB in [0, 1] -> (B, N, 5 + nc), as YOLOv5.decode(YOLOv5(images))
+
+The callable returns what `YOLOv5.decode` returns (cx, cy, w, h in input pixels, objectness, class scores), in
+float32 on the input's device, so `yolo5l.boxes.non_max_suppression` reads it as it reads the PyTorch model's output;
+this is how `python -m yolo5l.val` and `python -m yolo5l.predict` take `weights=<file>.onnx|.torchscript`. Files
+that ultralytics/yolov5 v7.0 `export.py` writes load too: same input and output layout, class names from the ONNX
+metadata or TorchScript `config.txt` (written there as a Python dict, here as a JSON list).
+
+A file exported without dynamic axes takes one batch size and one image size: a batch of another size runs in
+chunks of the file's, and smaller images are padded on the right and bottom (which leaves box coordinates as they
+are); larger ones are refused. Like a pickle, an exported file is a program: load only files you trust.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from yolo5l.errors import UserError
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "EXTRA_HINT",
+    "ExportedModel",
+    "export_format",
+    "is_exported",
+    "load_exported",
+    "require_extra",
+    "validate_exported",
+]
+
+#: File suffix -> format, as ultralytics names its exports (`yolov5s.onnx`, `yolov5s.torchscript`).
+EXPORT_FORMATS = {".onnx": "onnx", ".torchscript": "torchscript"}
+EXTRA_HINT = 'pip install -e ".[export]"'
+_PAD = 114 / 255  # the letterbox grey (yolo5l.data.augment.letterbox), on the model's [0, 1] scale
+_DEFAULT_IMGSZ, _DEFAULT_STRIDE = 640, 32
+
+
+def export_format(path: str | os.PathLike[str]) -> str | None:
+    """`onnx` or `torchscript` for an exported file's name, None for anything else (weights, checkpoints)."""
+    return EXPORT_FORMATS.get(Path(path).suffix.lower())
+
+
+def is_exported(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` names an exported file (by its suffix) rather than weights."""
+    return export_format(path) is not None
+
+
+def require_extra(what: str, *modules: str) -> list[Any]:
+    """Import `modules` (`onnx`, `onnxruntime`), or refuse in one line naming the `export` extra.
+
+    Args:
+        what: What needs them, the start of the message (`format=onnx`).
+        *modules: Module names.
+
+    Returns:
+        The modules, in order.
+
+    Raises:
+        UserError: `<what> needs the export extra: pip install -e ".[export]"`.
+    """
+    import importlib
+
+    try:
+        return [importlib.import_module(m) for m in modules]
+    except ImportError:
+        raise UserError(f"{what} needs the export extra: {EXTRA_HINT}") from None
+
+
+def _names(value: Any, nc: int | None = None) -> list[str]:
+    """Class names from metadata: a JSON list (yolo5l), or a `str(dict)` / dict (ultralytics)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = ast.literal_eval(value)  # ultralytics writes str({0: 'person', ...}); literals only, no code
+    if isinstance(value, Mapping):
+        value = [value[k] for k in sorted(value, key=int)]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [str(n) for n in value]
+    return [str(i) for i in range(nc or 0)]
+
+
+def _int_or_first(value: Any, default: int) -> int:
+    if isinstance(value, str):
+        value = json.loads(value)
+    if isinstance(value, Sequence):
+        value = value[0] if value else default
+    return default if value is None else int(value)
+
+
+class ExportedModel:
+    """An exported detector as a callable: `model(images) -> (B, N, 5 + nc)` decoded boxes, float32.
+
+    Args:
+        path: A `.onnx` or `.torchscript` file.
+        device: Where it runs: onnxruntime's CUDA provider when the device is CUDA and onnxruntime has one (else its
+            CPU provider); TorchScript loads onto the device.
+
+    Attributes:
+        path: The file.
+        format: `onnx` or `torchscript`.
+        names: Class names.
+        imgsz: The image size the file was exported at.
+        stride: The largest stride (32).
+        batch: The one batch size the file takes, None for any.
+        size: The one (height, width) it takes, None for any (multiples of the stride).
+        half: Whether it takes fp16 input.
+
+    Raises:
+        UserError: Not an exported file, or the `export` extra (onnxruntime) is missing for an ONNX file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], device: str | torch.device = "cpu") -> None:
+        self.path = Path(path)
+        self.device = torch.device(device)
+        fmt = export_format(self.path)
+        if fmt is None:
+            raise UserError(f"{self.path}: not an exported file (expected {' or '.join(EXPORT_FORMATS)})")
+        if not self.path.is_file():
+            raise UserError(f"{self.path}: file not found")
+        self.format = fmt
+        self.batch: int | None = None
+        self.size: tuple[int, int] | None = None
+        self.half = False
+        self._run = self._load_onnx() if fmt == "onnx" else self._load_torchscript()
+
+    def _load_onnx(self) -> Callable[[Tensor], Tensor]:
+        (ort,) = require_extra(f"{self.path.name} (ONNX)", "onnxruntime")
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if self.device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
+        try:
+            session = ort.InferenceSession(str(self.path), providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable models
+            raise UserError(f"{self.path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
+        inp, out = session.get_inputs()[0], session.get_outputs()[0]
+        dims = list(inp.shape)  # ints where fixed; names (or None) where dynamic
+        self.batch = dims[0] if isinstance(dims[0], int) else None
+        if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
+            self.size = (dims[2], dims[3])
+        self.half = inp.type == "tensor(float16)"
+        meta = session.get_modelmeta().custom_metadata_map
+        self._meta(meta, out.shape[-1] if isinstance(out.shape[-1], int) else None)
+        dtype = torch.float16 if self.half else torch.float32
+
+        def run(images: Tensor) -> Tensor:
+            x = images.detach().to(device="cpu", dtype=dtype).contiguous().numpy()  # NCHW, as the graph reads it
+            y = session.run([out.name], {inp.name: x})[0]
+            return torch.from_numpy(y).to(device=images.device, dtype=torch.float32)
+
+        return run
+
+    def _load_torchscript(self) -> Callable[[Tensor], Tensor]:
+        extra = {"config.txt": ""}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
+                module = torch.jit.load(str(self.path), map_location=self.device, _extra_files=extra).eval()
+        except RuntimeError as e:
+            raise UserError(f"{self.path}: not a readable TorchScript file ({str(e).splitlines()[0]})") from None
+        raw = extra["config.txt"]
+        meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw or "{}")
+        self.half = bool(meta.get("half", False))
+        if not meta.get("dynamic", "shape" not in meta):
+            # ultralytics' TorchScript: traced at `shape`, which it may have kept as constants
+            _, _, h, w = meta["shape"]
+            self.batch, self.size = int(meta["shape"][0]), (int(h), int(w))
+        self._meta(meta, None)
+        dtype = torch.float16 if self.half else torch.float32
+
+        def run(images: Tensor) -> Tensor:
+            with torch.no_grad():
+                y = module(images.to(device=self.device, dtype=dtype))
+            if isinstance(y, (tuple, list)):  # ultralytics' Detect in export mode returns (boxes,)
+                y = y[0]
+            return y.to(device=images.device, dtype=torch.float32)
+
+        return run
+
+    def _meta(self, meta: Mapping[str, Any], no: int | None) -> None:
+        self.names = _names(meta.get("names"), None if no is None else no - 5)
+        self.stride = _int_or_first(meta.get("stride"), _DEFAULT_STRIDE)
+        fallback = self.size[0] if self.size else _int_or_first(meta.get("shape", [None] * 3)[2:], _DEFAULT_IMGSZ)
+        self.imgsz = _int_or_first(meta.get("imgsz"), fallback)
+
+    def _fit(self, images: Tensor) -> Tensor:
+        if self.size is None:
+            return images
+        (h, w), (fh, fw) = images.shape[2:], self.size
+        if h > fh or w > fw:
+            raise UserError(
+                f"{self.path.name} takes {fh}x{fw} images (exported without dynamic=true), got {h}x{w}: use an "
+                f"image size of at most {max(fh, fw)}, or export with dynamic=true"
+            )
+        # Right and bottom only: the boxes keep their coordinates.
+        return F.pad(images, (0, fw - w, 0, fh - h), value=_PAD) if (h, w) != (fh, fw) else images
+
+    def __call__(self, images: Tensor) -> Tensor:
+        """(B, 3, H, W) float RGB in [0, 1] -> (B, N, 5 + nc): cx, cy, w, h in pixels, objectness, class scores."""
+        images = self._fit(images)
+        n, b = images.shape[0], self.batch
+        if b is None or b == n:
+            return self._run(images)
+        outs = []
+        for start in range(0, n, b):
+            chunk = images[start : start + b]
+            k = chunk.shape[0]
+            if k < b:  # a fixed-batch file: fill the last chunk, keep the real images' rows
+                chunk = torch.cat((chunk, chunk.new_zeros((b - k, *chunk.shape[1:]))))
+            outs.append(self._run(chunk)[:k])
+        return torch.cat(outs)
+
+    def __repr__(self) -> str:
+        shape = f"batch {self.batch or 'any'}, size {'x'.join(map(str, self.size)) if self.size else 'any'}"
+        return f"ExportedModel({str(self.path)!r}, {self.format}, {len(self.names)} classes, {shape})"
+
+
+def load_exported(
+    path: str | os.PathLike[str], device: str | torch.device = "cpu"
+) -> tuple[ExportedModel, list[str], int, int]:
+    """Load an exported detector.
+
+    Args:
+        path: A `.onnx` or `.torchscript` file written by `python -m yolo5l.export` (or ultralytics' export.py).
+        device: Where it runs (see :class:`ExportedModel`).
+
+    Returns:
+        `(model, names, imgsz, stride)`: `model(images)` gives the decoded (B, N, 5 + nc) tensor.
+
+    Raises:
+        UserError: Not an exported file, unreadable, or the `export` extra missing.
+    """
+    model = ExportedModel(path, device)
+    return model, model.names, model.imgsz, model.stride
+
+
+@torch.no_grad()
+def validate_exported(
+    model: Callable[[Tensor], Tensor],
+    datamodule: Any,
+    metric: Any,
+    conf_thres: float = 0.001,
+    iou_thres: float = 0.6,
+    max_det: int = 300,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """The validation of `YOLOv5Module` for a callable that returns decoded boxes (no LightningModule, no loss).
+
+    The same batches, NMS, scaling back to the original images and ground truth as `YOLOv5Module.validation_step`,
+    so a file exported with dynamic=true gets the `.pt`'s metrics. A file of one fixed size cannot take the
+    rectangular batches, so it gets square ones at `data.imgsz`, as ultralytics' val.py gives exported models.
+
+    Args:
+        model: `ExportedModel` (or any callable images -> (B, N, 5 + nc)).
+        datamodule: A `YOLODataModule`.
+        metric: `DetectionMAP` or `COCOMap` (`update(dets, gt)`, `compute()`).
+        conf_thres: NMS score threshold.
+        iou_thres: NMS IoU threshold.
+        max_det: Detections kept per image.
+        device: Where the batches and the metric go.
+
+    Returns:
+        `val/<key>` -> value, as `trainer.validate` reports them.
+    """
+    from yolo5l.boxes import non_max_suppression, xywh_to_xyxy
+    from yolo5l.module import YOLOv5Module
+
+    if getattr(model, "size", None) is not None:
+        from yolo5l._cli import info
+
+        datamodule.setup("validate")
+        datamodule.val_dataset.rect = False  # read per item: every image is letterboxed to data.imgsz square
+        name = Path(str(getattr(model, "path", "the model"))).name
+        info(
+            f"{name} takes one input size: validating square {datamodule.imgsz} px images, not rectangular batches "
+            "(the mAP differs from the .pt's; export with dynamic=true for the same)"
+        )
+    metric = metric.to(device)
+    for batch in datamodule.val_dataloader():
+        images, targets, paths, shapes = batch
+        images, targets, _, shapes = datamodule.on_after_batch_transfer(
+            (images.to(device), targets.to(device), paths, shapes), 0
+        )
+        bsz, (h, w) = images.shape[0], images.shape[2:]
+        dets = non_max_suppression(
+            model(images), conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, max_det=max_det,
+            max_nms=30000,
+        )  # fmt: skip
+        dets = YOLOv5Module._to_original(dets, (h, w), shapes)
+        # Ground truth in the same original-image pixels, as YOLOv5Module.validation_step builds it.
+        t = targets[torch.argsort(targets[:, 0], stable=True)]
+        gt_boxes = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
+        gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
+        metric.update(dets, YOLOv5Module._to_original([g.clone() for g in gt], (h, w), shapes))
+    return {f"val/{k}": float(v) for k, v in metric.compute().items()}
