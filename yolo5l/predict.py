@@ -54,6 +54,7 @@ def predict(cfg: DictConfig) -> list[dict]:
     from yolo5l.boxes import non_max_suppression, scale_boxes
     from yolo5l.data.augment import letterbox
     from yolo5l.data.images import read_image
+    from yolo5l.exported import is_exported, load_exported
     from yolo5l.hardware import inference_device
     from yolo5l.weights import load_weights, resolve_weights
 
@@ -61,13 +62,21 @@ def predict(cfg: DictConfig) -> list[dict]:
     imgsz = int(cfg.imgsz)
     source = OmegaConf.to_container(cfg.source) if OmegaConf.is_list(cfg.source) else str(cfg.source)
     files = list_images(source)
-    try:
-        model, info = load_weights(resolve_weights(str(cfg.weights)))
-    except ValueError as e:
-        raise UserError(str(e).splitlines()[0]) from None
-    names = list(cfg.names) if cfg.get("names") else list(getattr(info, "names", None) or range(model.num_classes))
     device = inference_device(str(cfg.device))
-    model = model.fuse().eval().to(device)
+    if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: returns the decoded boxes itself
+        detector, file_names, _, _ = load_exported(str(cfg.weights), device)
+    else:
+        try:
+            model, info = load_weights(resolve_weights(str(cfg.weights)))
+        except ValueError as e:
+            raise UserError(str(e).splitlines()[0]) from None
+        file_names = getattr(info, "names", None) or range(model.num_classes)
+        model = model.fuse().eval().to(device)
+
+        def detector(images: torch.Tensor) -> torch.Tensor:
+            return model.decode(model(images))
+
+    names = list(cfg.names) if cfg.get("names") else list(file_names)
     out = Path(HydraConfig.get().runtime.output_dir)
     (out / "labels").mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
@@ -79,7 +88,7 @@ def predict(cfg: DictConfig) -> list[dict]:
         boxed = [letterbox(im, imgsz, auto=False) for im in originals]
         batch = torch.from_numpy(np.stack([b[0] for b in boxed])).permute(0, 3, 1, 2).to(device).float() / 255
         dets = non_max_suppression(
-            model.decode(model(batch)),
+            detector(batch),
             conf_thres=float(cfg.conf_thres),
             iou_thres=float(cfg.iou_thres),
             max_det=int(cfg.max_det),

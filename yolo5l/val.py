@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,11 +34,14 @@ _TABLE = (
 
 def validate_weights(cfg: DictConfig) -> dict[str, float]:
     """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
+    from yolo5l.exported import is_exported
     from yolo5l.hardware import trainer_policy
     from yolo5l.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
     datamodule = instantiate(cfg.data, _convert_="all")
+    if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
+        return _report(_validate_exported(cfg, datamodule))
     try:
         model, _ = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
@@ -53,13 +57,39 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     metrics = {k: float(v) for k, v in results.items()}
-    if trainer.is_global_zero:
-        out = Path(HydraConfig.get().runtime.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        print("\n" + " ".join(f"{name:>13}" for name, _ in _TABLE))
-        print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
-        print_outputs("Outputs:", {"metrics": relpath(out / "metrics.json")})
+    return _report(metrics) if trainer.is_global_zero else metrics
+
+
+def _validate_exported(cfg: DictConfig, datamodule: Any) -> dict[str, float]:
+    """Validate an exported file (`yolo5l.exported.validate_exported`) with the module config's NMS and metric."""
+    import torch
+
+    from yolo5l.exported import load_exported, validate_exported
+    from yolo5l.hardware import uses_cuda
+
+    device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
+    model, names, _, _ = load_exported(str(cfg.weights), device)
+    if len(names) != datamodule.num_classes:
+        raise UserError(
+            f"{cfg.weights} predicts {len(names)} classes but the dataset has {datamodule.num_classes}: "
+            "pass the data= or data.file= the weights were trained on"
+        )
+    metric = instantiate(cfg.module.metric, _convert_="all")
+    m = cfg.module
+    resume_gc()  # set-up is built (the command line paused the collector for it)
+    metrics = validate_exported(model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device)
+    unfreeze_start_up()
+    return metrics
+
+
+def _report(metrics: dict[str, float]) -> dict[str, float]:
+    """Write `metrics.json` into the run folder and print the table; returns `metrics`."""
+    out = Path(HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    print("\n" + " ".join(f"{name:>13}" for name, _ in _TABLE))
+    print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
+    print_outputs("Outputs:", {"metrics": relpath(out / "metrics.json")})
     return metrics
 
 
