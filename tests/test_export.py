@@ -177,6 +177,17 @@ def test_torchscript_metadata(exported):
     torch.jit.load(str(exported["torchscript"]), _extra_files=extra)
     meta = json.loads(extra["config.txt"])
     assert (meta["names"], meta["stride"], meta["imgsz"], meta["shape"]) == (NAMES, 32, IMGSZ, [1, 3, IMGSZ, IMGSZ])
+    assert meta["device"] == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA on a machine without it")
+def test_torchscript_runs_where_it_was_traced(exported, images, reference, capsys):
+    """The trace keeps its device in the decode's grids: a CPU file asked to run on CUDA runs on the CPU, saying so."""
+    model = ExportedModel(exported["torchscript"], device="cuda")
+    assert model.device == torch.device("cpu")
+    assert "was exported on cpu and runs there" in capsys.readouterr().out
+    x = _batch(images[:1])
+    torch.testing.assert_close(model(x), reference(x), **TOL)
 
 
 def test_training_kernels_stay_out_of_the_graph(tmp):

@@ -85,7 +85,9 @@ def _check_half(half: bool, device: torch.device) -> None:
         raise UserError(f"half=true needs a CUDA device (device=cuda), not {device}: drop half=true to export fp32")
 
 
-def _metadata(names: list[str], stride: int, imgsz: int, batch: int, dynamic: bool, half: bool) -> dict[str, Any]:
+def _metadata(
+    names: list[str], stride: int, imgsz: int, batch: int, dynamic: bool, half: bool, device: torch.device
+) -> dict[str, Any]:
     return {
         "names": names,
         "stride": stride,
@@ -93,6 +95,7 @@ def _metadata(names: list[str], stride: int, imgsz: int, batch: int, dynamic: bo
         "batch": batch,
         "dynamic": dynamic,
         "half": half,
+        "device": device.type,  # where it was traced: TorchScript keeps the device of the decode's grids
         "input": INPUT_NAME,
         "output": OUTPUT_NAME,
         "layout": "images (B, 3, H, W) RGB 0-1 -> (B, N, 5 + nc): cx, cy, w, h (pixels), objectness, class scores",
@@ -204,7 +207,7 @@ def export_model(
     # Not ultralytics' zeros: random pixels make the check below compare every output, not mostly constant ones.
     example = torch.rand(batch, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     expected = net(example).float()
-    meta = _metadata(names, int(model.stride.max()), imgsz, batch, dynamic or fmt == "torchscript", half)
+    meta = _metadata(names, int(model.stride.max()), imgsz, batch, dynamic or fmt == "torchscript", half, device)
     if fmt == "onnx":
         data = _export_onnx(net, example, opset, dynamic, simplify, meta)
     else:

@@ -20,6 +20,7 @@ import ast
 import json
 import os
 import warnings
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,17 @@ def _names(value: Any, nc: int | None = None) -> list[str]:
     return [str(i) for i in range(nc or 0)]
 
 
+def _torchscript_config(path: Path) -> dict[str, Any]:
+    """The JSON `config.txt` that `torch.jit.save(_extra_files=...)` put in the archive (`<name>/extra/config.txt`),
+    read before loading so that the file is loaded onto the right device; {} when there is none."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("extra/config.txt")), None)
+            return json.loads(zf.read(name) or "{}") if name else {}
+    except (zipfile.BadZipFile, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable TorchScript file ({e})") from None
+
+
 def _int_or_first(value: Any, default: int) -> int:
     if isinstance(value, str):
         value = json.loads(value)
@@ -164,15 +176,24 @@ class ExportedModel:
         return run
 
     def _load_torchscript(self) -> Callable[[Tensor], Tensor]:
-        extra = {"config.txt": ""}
+        meta = _torchscript_config(self.path)
+        traced_on = meta.get("device")
+        if traced_on and torch.device(traced_on).type != self.device.type:
+            # The decode's grids are built with the trace's device as a constant: the file runs there.
+            if torch.device(traced_on).type == "cuda" and not torch.cuda.is_available():
+                raise UserError(f"{self.path.name} was exported on {traced_on}, which this machine lacks: export it "
+                                "again with device=cpu, or use the ONNX format")  # fmt: skip
+            from yolo5l._cli import info
+
+            info(f"{self.path.name} was exported on {traced_on} and runs there (export with device={self.device.type} "
+                 f"to run it on {self.device.type})")  # fmt: skip
+            self.device = torch.device(traced_on)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
-                module = torch.jit.load(str(self.path), map_location=self.device, _extra_files=extra).eval()
+                module = torch.jit.load(str(self.path), map_location=self.device).eval()
         except RuntimeError as e:
             raise UserError(f"{self.path}: not a readable TorchScript file ({str(e).splitlines()[0]})") from None
-        raw = extra["config.txt"]
-        meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw or "{}")
         self.half = bool(meta.get("half", False))
         if not meta.get("dynamic", "shape" not in meta):
             # ultralytics' TorchScript: traced at `shape`, which it may have kept as constants
