@@ -305,7 +305,7 @@ def test_train_check_rejects_with_one_sentence(tmp_path, overrides, needle):
         ("predict", ["source=a.jpg"], "weights= is required"),
         ("predict", ["weights={w}"], "source= is required"),
         ("predict", ["weights={w}", "source=a.jpg", "imgsz=100"], "try 96"),
-        ("predict", ["weights={w}", "source=a.jpg", "batch_size=x"], "batch_size='x' must be a whole number"),
+        ("predict", ["weights={w}", "source=a.jpg", "max_det=x"], "max_det='x' must be a whole number"),
     ],
 )
 def test_val_and_predict_checks(tmp_path, name, overrides, needle):
