@@ -338,7 +338,9 @@ class YOLOv5Module(pl.LightningModule):
                 scale_boxes(img_hw, det, shape[0], shape[1])
         return dets
 
-    def validation_step(self, batch: Sequence[Any], batch_idx: int) -> None:
+    def validation_step(self, batch: Sequence[Any], batch_idx: int) -> list[Tensor]:
+        """Loss and metric update of a batch; returns its detections (original-image pixels) for callbacks
+        (`ValidationPlots` draws the first batches)."""
         images, targets, _, shapes = batch
         bsz, (h, w) = images.shape[0], images.shape[2:]
         heads = self._net()(images)
@@ -354,6 +356,7 @@ class YOLOv5Module(pl.LightningModule):
         gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
         gt = self._to_original([g.clone() for g in gt], (h, w), shapes)
         self.map_metric.update(dets, gt)
+        return dets
 
     def on_validation_epoch_end(self) -> None:
         # compute() gathers every rank's states, so all ranks get (and log) the same values.

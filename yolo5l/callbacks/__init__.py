@@ -9,6 +9,7 @@ from yolo5l.callbacks.ema import EMACallback
 from yolo5l.callbacks.progress_bar import YOLOProgressBar
 from yolo5l.callbacks.throughput import ThroughputMonitor
 from yolo5l.callbacks.val_interval import ValEveryNEpochs
+from yolo5l.callbacks.val_plots import ValidationPlots
 from yolo5l.callbacks.val_summary import ValidationSummary
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "LastCheckpoint",
     "ThroughputMonitor",
     "ValEveryNEpochs",
+    "ValidationPlots",
     "ValidationSummary",
     "YOLOProgressBar",
 ]
