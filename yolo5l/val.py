@@ -1,6 +1,8 @@
 """Validate weights on a dataset's val split: `python -m yolo5l.val weights=<weights.pt|yolov5s.pt> [data=...]`.
 
-Prints the mAP table (precision, recall, mAP@0.5, mAP@0.5:0.95) and writes it as `metrics.json` in the run folder.
+Prints the mAP table (precision, recall, mAP@0.5, mAP@0.5:0.95) and writes it as `metrics.json` in the run folder,
+then the per-class table (`per_class.csv`) and, unless `plots=false`, ultralytics' validation plots
+(`yolo5l.callbacks.val_plots.ValidationPlots`; an exported file gets all but the drawn batches).
 The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...).
 """
 
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,6 +29,12 @@ from yolo5l._cli import (
 from yolo5l.config import check_val_config
 from yolo5l.errors import UserError
 
+if TYPE_CHECKING:
+    from yolo5l.metrics import PerClassResults
+
+    #: The per-class results, the class names and the files written (name -> path).
+    _PerClass = tuple[PerClassResults, list[str], dict[str, Path]]
+
 _TABLE = (
     ("precision", "val/precision"), ("recall", "val/recall"), ("mAP@0.5", "val/map_50"), ("mAP@0.5:0.95", "val/map"),
 )  # fmt: skip
@@ -34,6 +42,7 @@ _TABLE = (
 
 def validate_weights(cfg: DictConfig) -> dict[str, float]:
     """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
+    from yolo5l.callbacks.val_plots import ValidationPlots
     from yolo5l.exported import is_exported
     from yolo5l.hardware import trainer_policy
     from yolo5l.weights import load_weights, resolve_weights
@@ -41,7 +50,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     check_val_config(cfg)
     datamodule = instantiate(cfg.data, _convert_="all")
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
-        return _report(_validate_exported(cfg, datamodule))
+        return _report(*_validate_exported(cfg, datamodule))
     try:
         model, _ = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
@@ -52,18 +61,23 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
             "pass the data= or data.file= the weights were trained on"
         )
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
-    trainer = instantiate(cfg.trainer, callbacks=[], _convert_="all", **trainer_policy(cfg.trainer))
+    out = HydraConfig.get().runtime.output_dir
+    plots = ValidationPlots(plots=bool(cfg.get("plots", True)), out_dir=out, print_table=False)  # printed below
+    trainer = instantiate(cfg.trainer, callbacks=[plots], _convert_="all", **trainer_policy(cfg.trainer))
     resume_gc()  # set-up is built (the command line paused the collector for it)
     results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     metrics = {k: float(v) for k, v in results.items()}
-    return _report(metrics) if trainer.is_global_zero else metrics
+    if not trainer.is_global_zero:
+        return metrics
+    return _report(metrics, (plots.results, module.names, plots.files) if plots.results is not None else None)
 
 
-def _validate_exported(cfg: DictConfig, datamodule: Any) -> dict[str, float]:
+def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, float], _PerClass]:
     """Validate an exported file (`yolo5l.exported.validate_exported`) with the module config's NMS and metric."""
     import torch
 
+    from yolo5l.callbacks.val_plots import write_outputs
     from yolo5l.exported import load_exported, validate_exported
     from yolo5l.hardware import uses_cuda
 
@@ -75,21 +89,33 @@ def _validate_exported(cfg: DictConfig, datamodule: Any) -> dict[str, float]:
             "pass the data= or data.file= the weights were trained on"
         )
     metric = instantiate(cfg.module.metric, _convert_="all")
+    if cfg.get("plots", True):
+        metric.set_num_classes(len(names))
     m = cfg.module
     resume_gc()  # set-up is built (the command line paused the collector for it)
     metrics = validate_exported(model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device)
     unfreeze_start_up()
-    return metrics
+    out, results = HydraConfig.get().runtime.output_dir, metric.per_class()
+    return metrics, (results, list(names), write_outputs(results, names, out, bool(cfg.get("plots", True))))
 
 
-def _report(metrics: dict[str, float]) -> dict[str, float]:
-    """Write `metrics.json` into the run folder and print the table; returns `metrics`."""
+def _report(metrics: dict[str, float], per_class: _PerClass | None = None) -> dict[str, float]:
+    """Write `metrics.json` into the run folder and print the table, then the per-class table; returns `metrics`."""
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     print("\n" + " ".join(f"{name:>13}" for name, _ in _TABLE))
     print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
-    print_outputs("Outputs:", {"metrics": relpath(out / "metrics.json")})
+    outputs = {"metrics": relpath(out / "metrics.json")}
+    if per_class is not None:
+        from yolo5l.plots import format_per_class_table
+
+        results, names, files = per_class
+        print("\n" + format_per_class_table(results, names))
+        outputs["per-class table"] = relpath(files["per_class.csv"]) if "per_class.csv" in files else None
+        drawn = [name for name in files if name != "per_class.csv"]
+        outputs["plots"] = f"{len(drawn)} files in {relpath(out)} ({', '.join(drawn[:2])}, ...)" if drawn else None
+    print_outputs("Outputs:", outputs)
     return metrics
 
 
