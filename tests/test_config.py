@@ -252,6 +252,8 @@ def test_trainer_policy_resolves_only_auto_values():
     assert cpu == {"precision": 32, "benchmark": False, "deterministic": True}
     given = hardware.trainer_policy({"accelerator": "cpu", "precision": 32, "benchmark": True, "deterministic": False})
     assert given == {"precision": 32, "benchmark": True, "deterministic": False}
+    exact_gpu = hardware.trainer_policy({"accelerator": "cuda", "precision": 32, "deterministic": True})
+    assert exact_gpu["benchmark"] is False  # the autotuner's timing-based choice would break the repeatability
 
 
 def test_loader_workers_rule():

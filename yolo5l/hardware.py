@@ -3,7 +3,7 @@
 One module answers these for train, val, predict and export, so an `auto` in `conf/` resolves the same everywhere:
 
 - `trainer.precision: auto`: `16-mixed` on CUDA; `bf16-mixed` on CPUs with AMX or AVX512-BF16; else `32-true`.
-- `trainer.benchmark: null`: cuDNN benchmark on CUDA, off elsewhere.
+- `trainer.benchmark: null`: cuDNN benchmark on CUDA unless `trainer.deterministic=true`, off elsewhere.
 - `trainer.deterministic: null`: deterministic algorithms on the CPU (reproducible runs), off on CUDA.
 - `data.num_workers: auto`: min(8, CPU cores per local device) on an accelerator; 0 on the CPU, where the compute
   threads own every core.
@@ -94,8 +94,9 @@ def trainer_policy(trainer_cfg: Mapping[str, Any]) -> dict[str, Any]:
     cuda = uses_cuda(accelerator)
     policy: dict[str, Any] = {"precision": resolve_precision(trainer_cfg.get("precision", "auto"), accelerator)}
     benchmark, deterministic = trainer_cfg.get("benchmark"), trainer_cfg.get("deterministic")
-    policy["benchmark"] = cuda if benchmark is None else bool(benchmark)
     policy["deterministic"] = (not cuda) if deterministic is None else deterministic
+    # cuDNN's autotuner chooses by timing, which varies from run to run: off when determinism is asked for.
+    policy["benchmark"] = (cuda and not policy["deterministic"]) if benchmark is None else bool(benchmark)
     return policy
 
 
