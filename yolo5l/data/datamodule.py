@@ -73,6 +73,7 @@ class ShardSampler(Sampler[tuple[int, bool, tuple[int, int, int]]]):
         self.seed, self.shuffle = seed, shuffle
         self.mosaic_off_from = mosaic_off_from
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, items of it already trained): see resume_at
         if world_size == 1:
             self.indices = np.arange(num_samples)
         else:
@@ -84,6 +85,16 @@ class ShardSampler(Sampler[tuple[int, bool, tuple[int, int, int]]]):
     def set_epoch(self, epoch: int) -> None:
         """Called by Lightning's fit loop before each epoch."""
         self.epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != self.epoch:
+            self._resume = None  # the resumed epoch is over (or the checkpoint was an epoch end's)
+
+    def resume_at(self, epoch: int, items_done: int) -> None:
+        """Leave out the first `items_done` items of epoch `epoch`, which a run resumed from a mid-epoch checkpoint
+        has already trained on: the rest of that epoch comes in the same order with the same augmentation keys as in
+        the interrupted run, and nothing twice. Later epochs are whole. `len()` is unchanged, so Lightning's count
+        of the epoch's batches (which continues from the checkpoint) stays the same.
+        """
+        self._resume = (int(epoch), max(0, int(items_done)))
 
     @property
     def mosaic(self) -> bool:
@@ -95,6 +106,8 @@ class ShardSampler(Sampler[tuple[int, bool, tuple[int, int, int]]]):
         key = (self.seed, self.epoch, self.rank)
         if self.shuffle:
             order = order[np.random.default_rng(key).permutation(len(order))]
+        if self._resume is not None and self._resume[0] == self.epoch:
+            order = order[self._resume[1] :]
         mosaic = self.mosaic
         return iter([(int(i), mosaic, key) for i in order])
 
@@ -231,6 +244,7 @@ class YOLODataModule(LightningDataModule):
         self.val_dataset: YOLODataset | None = None
         self.train_sampler: ShardSampler | None = None
         self.val_sampler: ValShardSampler | None = None
+        self._train_resume: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint, see state_dict
         self._printed: set[str] = set()
 
     # ----------------------------------------------------------------------------------------- dataset file
@@ -308,6 +322,27 @@ class YOLODataModule(LightningDataModule):
             shard = f", rank shard {len(self.val_sampler)}/{len(ds)}" if world > 1 else ""
             self._print("val", f"{index.report.summary('val')}{shard}; {cache_line.removeprefix(ds.prefix)}")
 
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The training position inside the epoch (Lightning keeps it in every checkpoint), so that a run resumed
+        from a mid-epoch checkpoint (a preempted run's `last.ckpt`) trains on the rest of that epoch's batches only.
+
+        Returns:
+            ``{"train_epoch", "train_batches_done"}``: the sampler's epoch and the batches of it whose training step
+            ran (all of them at an epoch end, where the next epoch starts whole); empty outside fit.
+        """
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or self.train_sampler is None or getattr(trainer, "fit_loop", None) is None:
+            return {}
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # counted before on_train_batch_end
+        return {"train_epoch": int(self.train_sampler.epoch), "train_batches_done": int(done)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the position `state_dict` saved; the training loader applies it to the sampler (Lightning restores the
+        datamodule after `setup` and before it asks for the loader)."""
+        if "train_epoch" in state_dict:
+            self._train_resume = (int(state_dict["train_epoch"]), int(state_dict.get("train_batches_done", 0)))
+
     # ----------------------------------------------------------------------------------------- loaders
     @property
     def rank_batch_size(self) -> int:
@@ -379,6 +414,12 @@ class YOLODataModule(LightningDataModule):
             # for the first epoch of a fit, and worker processes prefetch from that iterator at once: a run resumed
             # at epoch N would replay epoch 0's order and augmentation keys. Set the epoch the loop is about to run.
             self.train_sampler.set_epoch(trainer.fit_loop.epoch_progress.current.processed)
+        if self._train_resume is not None:
+            # A mid-epoch checkpoint: skip the batches trained before it, as this rank loaded them (the same
+            # batches when resumed on as many devices; on another count, as many batches of the new shard).
+            epoch, batches = self._train_resume
+            self._train_resume = None
+            self.train_sampler.resume_at(epoch, batches * self.rank_batch_size)
         rank = self._dist()[0]
         return self._loader(self.train_dataset, self.train_sampler, self.rank_batch_size, rank, self.train_workers())
 
