@@ -45,11 +45,13 @@ from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint, read_
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config, merge_resume_config
 from yolo5l.errors import UserError
+from yolo5l.tracking import finish_run, instantiate_entries
 
 
 def _instantiate_all(node: DictConfig | None) -> list[Any]:
-    """Instantiate every `_target_` entry of a group keyed by name (callbacks, loggers)."""
-    return [instantiate(v, _convert_="all") for v in (node or {}).values() if OmegaConf.is_dict(v) and "_target_" in v]
+    """Instantiate every `_target_` entry of a group keyed by name (callbacks, loggers); a tracker's missing extra is
+    a `UserError`, an unreachable one is left out with a warning (`yolo5l.tracking.instantiate_entries`)."""
+    return instantiate_entries(node)
 
 
 def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
@@ -133,7 +135,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     if trainer.is_global_zero:
         _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
-    return metrics
+    return metrics | finish_run(trainer, output_dir)  # best fitness; weights and tables to MLflow / W&B (rank 0)
 
 
 def _resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output_dir: Path) -> DictConfig:
@@ -204,7 +206,7 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
 def _hydra_main(cfg: DictConfig) -> float | None:
     one_console_line_per_log()
     metrics = train(cfg)
-    return metrics.get("val/map")  # what a sweeper optimising the run reads
+    return metrics.get("val/best_fitness")  # what a sweeper maximises: YOLOv5's fitness, best over the run
 
 
 def main() -> None:

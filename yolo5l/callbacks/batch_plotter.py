@@ -1,5 +1,5 @@
-"""`BatchPlotter`: the first training batches, drawn with their boxes, as TensorBoard images (YOLOv5's
-train_batch0..2.jpg)."""
+"""`BatchPlotter`: the first training batches, drawn with their boxes, as TensorBoard images, MLflow artifacts and
+W&B media (YOLOv5's train_batch0..2.jpg)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def write_jpeg(experiment: Any, tag: str, rgb: np.ndarray, step: int, quality: i
 
 
 class BatchPlotter(Callback):
-    """Write the first `num_batches` training batches with their boxes to the TensorBoard logger, once, on rank 0.
+    """Write the first `num_batches` training batches with their boxes to the TensorBoard, MLflow and W&B loggers,
+    once, on rank 0.
 
     Args:
         num_batches: how many of the first batches to draw.
@@ -91,11 +92,18 @@ class BatchPlotter(Callback):
     ) -> None:
         if self.done >= self.num_batches:
             return
-        experiment = getattr(trainer.logger, "experiment", None)
-        if experiment is None or not hasattr(experiment, "add_image"):
-            self.done = self.num_batches  # no TensorBoard logger: nothing to draw into
+        from yolo5l.tracking import EXTRAS, log_image
+
+        experiments = (getattr(lg, "experiment", None) for lg in trainer.loggers)
+        tensorboards = [e for e in experiments if hasattr(e, "add_image")]
+        trackers = [lg for lg in trainer.loggers if type(lg).__name__ in EXTRAS]
+        if not tensorboards and not trackers:
+            self.done = self.num_batches  # no logger that shows images: nothing to draw into
             return
         names = list(getattr(pl_module, "names", []) or [])
         grid = draw_batch(batch[0], batch[1], names, self.max_images)
-        write_jpeg(experiment, f"train/batch{self.done}", grid, trainer.global_step)
+        for experiment in tensorboards:
+            write_jpeg(experiment, f"train/batch{self.done}", grid, trainer.global_step)
+        for logger in trackers:
+            log_image(logger, f"train/batch{self.done}", grid, trainer.global_step)
         self.done += 1
