@@ -360,3 +360,27 @@ def check_export_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}={cfg.get(key)!r} must be true or false")
     if cfg.simplify and fmt != "onnx":
         raise UserError(f"simplify=true applies to format=onnx, not format={fmt}: drop simplify=true")
+
+
+def check_search_space(cfg: DictConfig) -> None:
+    """Check a hyperparameter search (`hparams_search=evolve`) before its first trial: every `hyp.*` key it searches,
+    in `hydra.sweeper.params` or as a sweep on the command line (`'hyp.lr0=interval(0.001,0.01)'`), must be a key of
+    `cfg.hyp` (a trial overriding any other fails, and each trial would).
+
+    Args:
+        cfg: the multirun's composed config, `hydra` node included.
+
+    Raises:
+        UserError: A searched `hyp.*` key that the hyperparameters do not have.
+    """
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    task = OmegaConf.select(cfg, "hydra.overrides.task", default=None) or []
+    keys = [str(k) for k in params] + [_override_key(o) for o in task if not str(o).lstrip().startswith(("+", "~"))]
+    known = set(cfg.get("hyp") or {})
+    for key in keys:
+        leaf = key.removeprefix("hyp.")
+        if key.startswith("hyp.") and leaf not in known:
+            raise UserError(
+                f"hparams_search: {key} is not a hyperparameter (hyp has no {leaf!r}): search one of "
+                f"{', '.join(sorted(known))}"
+            )

@@ -1,8 +1,10 @@
-"""One summary table per multirun sweep: a row per job, sorted by training throughput.
+"""One summary table per multirun sweep: a row per job, sorted by training throughput, or by fitness in a search.
 
 `python -m yolo5l.train -m data.batch_size=8,16 data.num_workers=0,2` adds a `SweepSummary` to every job; when a
 job's fit ends it appends its row to `<sweep dir>/summary.csv` (under a file lock, rewritten atomically, so jobs
 finishing together, as with a parallel launcher, never lose rows) and re-renders `<sweep dir>/summary.md`.
+A sweeper that optimises what the jobs return (`hparams_search=evolve`: Optuna) gets the trials ranked by YOLOv5's
+fitness, the best first.
 """
 
 from __future__ import annotations
@@ -19,30 +21,56 @@ import lightning.pytorch as pl
 from filelock import FileLock
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import OmegaConf
 from typing_extensions import override
 
-COLUMNS = ("job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir")
+COLUMNS = (
+    "job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir", "fitness",
+)  # fmt: skip
+#: How summary.md orders the jobs: by training throughput (a sweep of settings) or by fitness (a search).
+RANKINGS = ("throughput", "fitness")
+
+
+def sweeper_ranking() -> str:
+    """`fitness` when this multirun's sweeper optimises the jobs' return value (any but Hydra's basic sweeper),
+    else `throughput`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return "throughput"
+    target = str(OmegaConf.select(HydraConfig.get(), "sweeper._target_", default="") or "")
+    return "fitness" if target and not target.endswith(".BasicSweeper") else "throughput"
 
 
 class SweepSummary(Callback):
     """Append this job's result to the sweep's summary table when fitting ends (rank 0 only).
 
     Throughput comes from the ThroughputMonitor's `train/images_per_sec` and `train/data_wait` (median over
-    the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`.
+    the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`,
+    fitness from the best validation (`yolo5l.tracking.run_fitness`: what the job returns to a sweeper).
 
     Args:
         sweep_dir: The sweep folder (`hydra.sweep.dir`).
         job: The job's number in the sweep.
         overrides: The job's command-line overrides (`hydra.overrides.task`).
         output_dir: The job's own folder.
+        rank_by: `throughput` or `fitness` (see `RANKINGS`); None: from the sweeper (`sweeper_ranking`).
     """
 
-    def __init__(self, sweep_dir: str | os.PathLike, job: int, overrides: Sequence[str], output_dir: str = "") -> None:
+    def __init__(
+        self,
+        sweep_dir: str | os.PathLike,
+        job: int,
+        overrides: Sequence[str],
+        output_dir: str = "",
+        rank_by: str | None = None,
+    ) -> None:
         super().__init__()
         self.sweep_dir = Path(sweep_dir)
         self.job = job
         self.overrides = list(overrides)
         self.output_dir = output_dir
+        self.rank_by = rank_by or sweeper_ranking()
         self._t0: float | None = None
 
     @override
@@ -61,7 +89,10 @@ class SweepSummary(Callback):
 
     def write(self, trainer: pl.Trainer, status: str) -> dict[str, Any]:
         """Collect this job's row from the trainer's logged metrics and append it to the table."""
+        from yolo5l.tracking import run_fitness
+
         wall = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
+        fitness = run_fitness(trainer)
         history = _metric_history(trainer)
         row = {
             "job": self.job,
@@ -73,8 +104,9 @@ class SweepSummary(Callback):
             "wall_s": wall,
             "status": status,
             "output_dir": self.output_dir,
+            "fitness": float("nan") if fitness is None else fitness,
         }
-        append_row(self.sweep_dir, row)
+        append_row(self.sweep_dir, row, rank_by=self.rank_by)
         return row
 
 
@@ -100,8 +132,9 @@ def _last(values: Sequence[float] | None) -> float:
     return float(values[-1]) if values else float("nan")
 
 
-def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any]) -> None:
-    """Append `row` to `<sweep_dir>/summary.csv` and re-render `summary.md`, holding `summary.lock`."""
+def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any], rank_by: str = "throughput") -> None:
+    """Append `row` to `<sweep_dir>/summary.csv` and re-render `summary.md` (jobs ordered by `rank_by`), holding
+    `summary.lock`."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     csv_path = sweep_dir / "summary.csv"
@@ -110,7 +143,7 @@ def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any]) -> None:
         rows = [r for r in rows if str(r["job"]) != str(row["job"])]  # a re-run job replaces its row
         rows.append({k: row.get(k, "") for k in COLUMNS})
         _atomic_write(csv_path, _render_csv(rows))
-        _atomic_write(sweep_dir / "summary.md", render_markdown(rows))
+        _atomic_write(sweep_dir / "summary.md", render_markdown(rows, rank_by))
 
 
 def read_summary(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -141,22 +174,30 @@ def _num(value: Any) -> float:
         return float("nan")
 
 
-def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The summary as a Markdown table, fastest job first (jobs without a throughput last)."""
-
+def _descending(column: str) -> Any:
     def key(r: Mapping[str, Any]) -> tuple[bool, float]:
-        ips = _num(r.get("images_per_sec"))
-        return (ips != ips, -ips if ips == ips else 0.0)  # NaN sorts last
+        x = _num(r.get(column))
+        return (x != x, -x if x == x else 0.0)  # NaN sorts last
 
+    return key
+
+
+def render_markdown(rows: Sequence[Mapping[str, Any]], rank_by: str = "throughput") -> str:
+    """The summary as a Markdown table: fastest job first, or for `rank_by="fitness"` the fittest trial first, with a
+    line naming it (jobs without the value last)."""
+    if rank_by not in RANKINGS:
+        raise ValueError(f"rank_by={rank_by!r} is not one of {RANKINGS}")
     # Show what differs between jobs; the overrides all jobs share go above the table.
     tokens = [str(r.get("overrides", "")).split() for r in rows]
     common = [t for t in tokens[0] if all(t in other for other in tokens[1:])] if len(rows) > 1 else []
     lines = [f"Common overrides: `{' '.join(common)}`", ""] if common else []
+    if rank_by == "fitness":
+        return "\n".join(lines + _fitness_table(rows, common)) + "\n"
     lines += [
         "| job | overrides | images/s | data wait | mAP@0.5 | mAP@0.5:0.95 | wall time (s) | status |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
-    for r in sorted(rows, key=key):
+    for r in sorted(rows, key=_descending("images_per_sec")):
         wait = _num(r.get("data_wait"))
         own = " ".join(t for t in str(r.get("overrides", "")).split() if t not in common)
         lines.append(
@@ -165,6 +206,39 @@ def render_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             f"| {_num(r.get('wall_s')):.1f} | {r.get('status', '')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _fitness_table(rows: Sequence[Mapping[str, Any]], common: Sequence[str]) -> list[str]:
+    ranked = sorted(rows, key=_descending("fitness"))
+    lines = ["Trials ranked by fitness = 0.1 mAP@0.5 + 0.9 mAP@0.5:0.95 at each trial's best validation (what the "
+             "sweeper maximises); mAP columns: the last validation.", ""]  # fmt: skip
+    best = ranked[0] if ranked and _num(ranked[0].get("fitness")) == _num(ranked[0].get("fitness")) else None
+    if best is not None:
+        lines += [f"**Best: job {best.get('job', '')}**, fitness {_num(best.get('fitness')):.4f}", ""]
+    lines += [
+        "| rank | job | overrides | fitness | mAP@0.5 | mAP@0.5:0.95 | images/s | wall time (s) | status |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for rank, r in enumerate(ranked, 1):
+        own = " ".join(_short(t) for t in str(r.get("overrides", "")).split() if t not in common)
+        lines.append(
+            f"| {rank} | {r.get('job', '')} | `{own or '(defaults)'}` | {_num(r.get('fitness')):.4f} "
+            f"| {_num(r.get('map_50')):.4f} | {_num(r.get('map')):.4f} | {_num(r.get('images_per_sec')):.1f} "
+            f"| {_num(r.get('wall_s')):.1f} | {r.get('status', '')} |"
+        )
+    return lines
+
+
+def _short(override: str) -> str:
+    """`hyp.lr0=0.0123` for `hyp.lr0=0.012345678901`: a sampler's 17 digits make the table unreadable (the job's
+    .hydra/overrides.yaml keeps them)."""
+    key, sep, value = override.partition("=")
+    if not sep or not any(c in value for c in ".eE"):
+        return override
+    try:
+        return f"{key}={float(value):.4g}"
+    except ValueError:
+        return override
 
 
 def _atomic_write(path: Path, text: str) -> None:
