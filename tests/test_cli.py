@@ -54,9 +54,15 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     assert list(rows[0])[: len(CORE_COLUMNS)] == list(CORE_COLUMNS)
     for col in ("train/loss_box", "train/loss_obj", "train/loss_cls", "val/map_50", "val/map"):
         assert rows[0][col] != "", col
-    ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["epoch"] == 0
     assert ckpt["global_step"] > 0
+    # What a user watches: a line per validation and the best/last rows, none of Lightning's noise.
+    console = r.stdout + r.stderr
+    assert "epoch 0/1 val: P " in console
+    assert "best (epoch 0): P " in r.stdout
+    for noise in ("Tip: For seamless cloud logging", "LeafSpec", "not supported by the model summary"):
+        assert noise not in console, noise
 
 
 def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, monkeypatch):

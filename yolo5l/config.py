@@ -278,8 +278,8 @@ def check_predict_config(cfg: DictConfig) -> None:
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
     _missing(cfg, "source", "pass source=<an image, a folder or a list [a.jpg,b.jpg]>")
     _check_weights(cfg.weights)
-    _check_imgsz(_int(cfg, "imgsz"), "imgsz")
-    _int(cfg, "batch_size", minimum=1)
+    if cfg.get("imgsz") is not None:
+        _check_imgsz(_int(cfg, "imgsz"), "imgsz")
     _int(cfg, "max_det", minimum=1)
 
 
@@ -289,7 +289,7 @@ RESUME_MAY_CHANGE = (
     "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
     "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
     "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
-    "data.cache_dir", "data.val_batch_size", "callbacks", "logger", "paths", "resume", "tune_malloc", "hydra",
+    "data.cache_dir", "data.val_batch_size", "callbacks", "logger", "paths", "resume", "tune_malloc", "hydra", "plots",
 )  # fmt: skip
 
 
