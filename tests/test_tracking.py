@@ -192,6 +192,27 @@ def test_run_files_go_to_the_trackers_from_global_rank_zero_only(tmp_path):
 
 
 @pytest.mark.slow
+def test_ddp_makes_one_mlflow_run_from_rank_zero(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = f"file:{tmp_path / 'mlruns'}"
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.train", *TINY, f"hydra.run.dir={tmp_path / 'run'}",
+         f"data.synthetic.root={tmp_path / 'syn'}", "trainer.devices=2", "trainer.strategy=ddp", "data.batch_size=8",
+         "logger=mlflow", f"logger.mlflow.tracking_uri={uri}"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env=_env(),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("yolo5l").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert {"checkpoints", "metrics.csv"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+@pytest.mark.slow
 def test_wandb_offline_run_has_config_metrics_images_and_run_files(tmp_path, monkeypatch, one_thread):
     wandb = pytest.importorskip("wandb")
     from yolo5l.tracking import finish_run

@@ -339,9 +339,13 @@ class SearchCallback(Callback):
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import logging
+
         from yolo5l._cli import fail
         from yolo5l.config import check_search_space
 
+        # Optuna imports alembic, which logs each of its plugins at INFO: seven lines before every search.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
         try:
             check_search_space(config)
         except UserError as e:
