@@ -156,8 +156,8 @@ def test_every_trainer_instantiates(tmp_path, name):
     assert trainer.log_every_n_steps == 50
 
 
-@pytest.mark.parametrize("name", config_choices("logger"))
-def test_every_logger_instantiates(tmp_path, name):
+@pytest.mark.parametrize("name", ["tensorboard", "csv", "none"])  # mlflow, wandb: tests/test_tracking.py
+def test_every_core_logger_instantiates(tmp_path, name):
     cfg = compose_config([f"logger={name}"], output_dir=tmp_path)
     loggers = [instantiate(v) for v in (cfg.get("logger") or {}).values()]
     kinds = sorted(type(lg).__name__ for lg in loggers)
@@ -355,7 +355,7 @@ def test_resume_checks(tmp_path):
     with pytest.raises(UserError, match="not a training checkpoint"):
         read_resume_state(tmp_path / "w.pt")
     (tmp_path / "cut.ckpt").write_bytes((old / "last.ckpt").read_bytes()[:100])
-    with pytest.raises(UserError, match=r"cut\.ckpt: damaged"):
+    with pytest.raises(UserError, match=r"cut\.ckpt.* damaged"):
         read_resume_state(tmp_path / "cut.ckpt")
 
 
