@@ -267,11 +267,33 @@ def load_ultralytics(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+class _KeepWriteError:
+    """The file `torch.save` writes through, keeping the `OSError` of a failed write (ENOSPC, EDQUOT, EFBIG): torch's
+    zip writer reports it only as `RuntimeError: ... unexpected pos`, which says nothing of a full disk."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
     """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace`` onto ``path``.
 
     An interrupted write (crash, full disk, kill) leaves the previous file whole: ``os.replace`` is atomic within
     one filesystem on POSIX and Windows.
+
+    Raises:
+        OSError: The write failed (full disk, quota, file-size limit, read-only folder); nothing was replaced.
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -281,7 +303,13 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            sink = _KeepWriteError(f)
+            try:
+                torch.save(obj, sink)
+            except RuntimeError:
+                if sink.error is None:
+                    raise
+                raise sink.error from None  # the full disk, not torch's "unexpected pos"
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

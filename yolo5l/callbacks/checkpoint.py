@@ -8,8 +8,13 @@ when training ends (Lightning 2.6, PR #21244), hence `filename="last", save_top_
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pickle
+import shutil
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,19 +31,34 @@ from yolo5l.errors import UserError
 from yolo5l.weights import atomic_save, save_weights
 
 __all__ = [
-    "AtomicCheckpointIO", "LastCheckpoint", "ResumeState", "RunConfig", "checkpoint_position", "find_resume_checkpoint",
-    "read_resume_state",
+    "AtomicCheckpointIO", "CheckpointWriteError", "LastCheckpoint", "ResumeState", "RunConfig", "archive_damage",
+    "checkpoint_position", "find_resume_checkpoint", "read_resume_state", "shown_path", "stop_on_write_error",
+    "write_error_message",
 ]  # fmt: skip
 
 CONFIG_KEY = "yolo5l_config"
+
+
+class CheckpointWriteError(UserError, OSError):
+    """A checkpoint or weights file could not be written (full disk, quota, file-size limit, read-only folder).
+
+    The previous file is whole (every write is atomic). A `UserError`, so the entry points print its one line and
+    exit with code 2; an `OSError` too, for callers that catch those.
+    """
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write checkpoints to a temporary file in the same folder, fsync, then `os.replace` onto the target.
 
     An interrupted write (crash, full disk, kill) leaves the previous file intact; `os.replace` is atomic on POSIX
-    and Windows within one filesystem. Remote paths (fsspec URLs) fall back to Lightning's plain write.
+    and Windows within one filesystem. Remote paths (fsspec URLs) fall back to Lightning's plain write. A failed
+    write raises `CheckpointWriteError`, whose message names the folder and the space the file needs (inside
+    `deferred_errors` it is held back instead: see `stop_on_write_error`).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._deferred: list[CheckpointWriteError] | None = None
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -53,7 +73,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if "://" in str(path) and not str(path).startswith("file://"):
             super().save_checkpoint(checkpoint, path)
             return
-        atomic_save(checkpoint, path)
+        self._write(checkpoint, path)
+
+    def _write(self, checkpoint: dict[str, Any], path: Any) -> None:
+        try:
+            atomic_save(checkpoint, path)
+        except CheckpointWriteError:
+            raise
+        except OSError as e:
+            error = CheckpointWriteError(write_error_message(path, e, _nbytes(checkpoint)))
+            if self._deferred is None:
+                raise error from None
+            self._deferred.append(error)
+
+    @contextlib.contextmanager
+    def deferred_errors(self) -> Iterator[list[CheckpointWriteError]]:
+        """Hold back the write errors of the block in the list it gives, for a caller that must raise them on every
+        DDP rank at once (`trainer.save_checkpoint` writes on rank 0 and then waits for all ranks in a barrier)."""
+        outer, self._deferred = self._deferred, []
+        try:
+            yield self._deferred
+        finally:
+            self._deferred = outer
 
     @override
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
@@ -108,9 +149,11 @@ class LastCheckpoint(ModelCheckpoint):
         fit = float(fit)  # once per validation; identical on all ranks (the metric is computed after a gather)
         if self.best_fitness is None or fit >= self.best_fitness:
             self.best_fitness, self.best_epoch = fit, trainer.current_epoch
-            self._write_best_weights(trainer, pl_module)
+            with stop_on_write_error(trainer, os.path.join(self.dirpath, "best.pt"), _weights_nbytes(pl_module)):
+                self._write_best_weights(trainer, pl_module)
             if self.save_best:
-                trainer.save_checkpoint(os.path.join(self.dirpath, "best.ckpt"))  # on every rank: it is a collective
+                with stop_on_write_error(trainer):
+                    trainer.save_checkpoint(os.path.join(self.dirpath, "best.ckpt"))  # on every rank: a collective
 
     @rank_zero_only
     def _write_best_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -127,7 +170,9 @@ class LastCheckpoint(ModelCheckpoint):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.weights_name:
-            self._write_weights(trainer, pl_module)
+            path = os.path.join(self.dirpath, self.weights_name)
+            with stop_on_write_error(trainer, path, _weights_nbytes(pl_module)):
+                self._write_weights(trainer, pl_module)
 
     @rank_zero_only
     def _write_weights(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -138,6 +183,11 @@ class LastCheckpoint(ModelCheckpoint):
             save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer))
         except ValueError as e:  # non-finite weights: nothing is written rather than a broken file
             rank_zero_warn(str(e))
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        with stop_on_write_error(trainer):  # last.ckpt: a failed write stops the run (see stop_on_write_error)
+            super()._save_checkpoint(trainer, filepath)
 
     @property
     def last_path(self) -> str:
@@ -167,6 +217,107 @@ def _non_finite(checkpoint: dict[str, Any]) -> str | None:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 return f"{part}[{name!r}]"
     return None
+
+
+# ---- failed writes ---------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def stop_on_write_error(trainer: pl.Trainer, path: Any = None, nbytes: int | None = None) -> Iterator[None]:
+    """Run one checkpoint write (a `trainer.save_checkpoint`, or a weights file that rank 0 writes to `path`) so
+    that if it fails, every rank raises the same `CheckpointWriteError` after it: raised on rank 0 alone, the error
+    would leave the other ranks waiting in the barrier that ends `trainer.save_checkpoint`, or in the next step's
+    collectives. One broadcast per block under DDP, none on one process; a block holds one collective at most.
+
+    A failed write stops the run rather than letting it go on with a warning. The previous file is whole and a
+    resume continues exactly, so stopping loses at most the steps since that file was written; a run that went on
+    would train for hours or days on weights that exist only in memory (a crash, a preemption, or the same full
+    disk at the end, when weights.pt cannot be written either, loses all of it), and a warning in the log of a
+    multi-day run is easily missed, whereas a stopped job is seen.
+
+    Args:
+        trainer: the Trainer (its strategy writes and broadcasts).
+        path: the file a weights write in the block goes to, for the message (checkpoint writes name theirs).
+        nbytes: about how many bytes that file needs.
+    """
+    io = getattr(trainer.strategy, "checkpoint_io", None)
+    held = io.deferred_errors() if isinstance(io, AtomicCheckpointIO) else contextlib.nullcontext([])
+    message = ""
+    with held as errors:
+        try:
+            yield
+        except CheckpointWriteError as e:
+            message = str(e)
+        except OSError as e:
+            if path is None:
+                raise
+            message = write_error_message(path, e, nbytes)
+    message = message or (str(errors[0]) if errors else "")
+    if getattr(trainer, "world_size", 1) > 1:
+        message = trainer.strategy.broadcast(message, src=0)  # rank 0 wrote: its outcome is everyone's
+    if message:
+        raise CheckpointWriteError(message)
+
+
+# errno -> (why, what to do before resuming)
+_WHY = {
+    errno.ENOSPC: ("the disk is full", "make room"),
+    errno.EDQUOT: ("the disk quota is used up", "make room"),
+    errno.EFBIG: ("the file is larger than the filesystem or this process's file-size limit (ulimit -f) allows",
+                  "lift the limit"),
+    errno.EROFS: ("the folder is on a read-only filesystem", "make it writable"),
+    errno.EACCES: ("no permission to write there", "make it writable"),
+    errno.EPERM: ("no permission to write there", "make it writable"),
+}  # fmt: skip
+
+
+def write_error_message(path: Any, error: OSError, nbytes: int | None) -> str:
+    """One line for a failed write of `path`: the folder, why, the space the file needs and what is free there,
+    whether the previous file is still there (whole: writes are atomic), and for a training checkpoint how to
+    resume from it."""
+    path = Path(path)
+    folder = path.parent
+    why, fix = _WHY.get(error.errno or 0, (error.strerror or str(error), "fix that"))
+    try:
+        free = f"{_size(shutil.disk_usage(folder).free)} free there"
+    except OSError:
+        free = "free space unknown"
+    need = f"it needs about {_size(nbytes)}, " if nbytes else ""
+    line = f"could not write {path.name} in {shown_path(folder)} ({why}: {need}{free}); "
+    if not path.is_file():
+        return line + f"no earlier {path.name} was written there"
+    line += f"the previous {path.name} there is whole"
+    if path.suffix == ".ckpt":
+        line += f": {fix}, then resume with python -m yolo5l.train resume={shown_path(path)}"
+    return line
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the tensors in a checkpoint (nested dicts, lists, tuples): about its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _weights_nbytes(pl_module: pl.LightningModule) -> int:
+    """About the size of a weights file of `pl_module.model` (floating tensors stored in half precision)."""
+    model = getattr(pl_module, "model", pl_module)
+    return sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in model.state_dict().values())
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """`path` relative to the current folder when it lies below it (as the user typed the run), else absolute."""
+    p = Path(path).absolute()
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
 
 
 def _imgsz(trainer: pl.Trainer) -> int | None:
@@ -240,6 +391,9 @@ def read_resume_state(path: Path) -> ResumeState:
     Raises:
         UserError: The file is damaged, holds more than a yolo5l checkpoint can, or is not a training checkpoint.
     """
+    damage = archive_damage(path)
+    if damage:
+        raise UserError(f"{path} is damaged ({damage}): resume from another copy of it")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -255,6 +409,37 @@ def read_resume_state(path: Path) -> ResumeState:
         )
     epochs_done, batches_done = checkpoint_position(ckpt)
     return ResumeState(path, epochs_done, ckpt.get(CONFIG_KEY), batches_done)
+
+
+def archive_damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with a PyTorch checkpoint file (a zip archive since torch 1.6) that is damaged, else None.
+
+    Catches a file cut short (no zip directory at its end: a copy or a write that stopped) and bytes changed inside
+    it: every member's CRC-32, which torch writes and `torch.load` never checks, so a damaged tensor would load as
+    wrong numbers. Reads the whole file once (about a second per GB). A file that is not a zip archive at all (the
+    legacy format, or not a checkpoint) returns None: the loader says what it is.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    if size == 0:
+        return "empty file"
+    try:
+        zf = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        # A torch zip starts with a local file header; without its directory, the end of the file is missing.
+        return "cut short: its end is missing" if head == b"PK\x03\x04" else None
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    try:
+        with zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:  # RuntimeError: zlib's
+        return f"its contents are garbled ({e})"
+    return f"{bad} does not match its checksum" if bad is not None else None
 
 
 def checkpoint_position(ckpt: dict[str, Any]) -> tuple[int, int]:

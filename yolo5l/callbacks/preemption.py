@@ -34,6 +34,9 @@ that made the step (the same batch on every rank), and once at every epoch end; 
 at every step, which costs nothing. A signal therefore stops a DDP run within `check_every_n_steps` optimizer steps
 (10 by default: a few seconds at usual batch sizes) plus the step and the checkpoint write.
 
+A checkpoint that cannot be written (full disk) stops the run with `CheckpointWriteError`'s line instead, which
+names the previous `last.ckpt` (whole: every write is atomic) to resume from.
+
 Not covered: a signal before the first training step (Lightning's handler is still the installed one: it stops the
 run at the end of the first batch, and the previous `last.ckpt` stays the latest); a second signal is handled like
 the first (SIGKILL, which follows when the grace period ends, cannot be caught: the previous `last.ckpt` is whole,
@@ -48,7 +51,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -58,6 +60,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
+
+from yolo5l.callbacks.checkpoint import LastCheckpoint, shown_path, stop_on_write_error
 
 __all__ = ["Preempted", "PreemptionCheckpoint"]
 
@@ -169,7 +173,8 @@ class PreemptionCheckpoint(Checkpoint):
         if not self._agreed or self._ends_epoch(trainer, batch_idx) or self._validates_after(trainer, batch_idx):
             return
         path = self._last_path(trainer)
-        trainer.save_checkpoint(path, weights_only=False)  # on every rank: a collective under DDP
+        with stop_on_write_error(trainer):  # a full disk stops the run here too, naming the previous last.ckpt
+            trainer.save_checkpoint(path, weights_only=False)  # on every rank: a collective under DDP
         self._exit(trainer, f"at epoch {trainer.current_epoch}, batch {batch_idx + 1} of "
                    f"{trainer.num_training_batches}", path)  # fmt: skip
 
@@ -181,7 +186,8 @@ class PreemptionCheckpoint(Checkpoint):
             return
         last = self._last_checkpoint(trainer)
         if last is None or not last.saved_at_step(trainer.global_step):  # every_n_epochs skipped this epoch
-            trainer.save_checkpoint(self._last_path(trainer), weights_only=False)
+            with stop_on_write_error(trainer):
+                trainer.save_checkpoint(self._last_path(trainer), weights_only=False)
         # Exit once the epoch's metrics are logged (after this hook), at the next epoch's start; when this was the
         # last epoch, fit simply ends and the run is complete.
         self._stop_at_epoch_start = True
@@ -214,9 +220,7 @@ class PreemptionCheckpoint(Checkpoint):
         return isinstance(every, int) and every > 0 and (batch_idx + 1) % every == 0
 
     @staticmethod
-    def _last_checkpoint(trainer: pl.Trainer) -> Any:
-        from yolo5l.callbacks.checkpoint import LastCheckpoint
-
+    def _last_checkpoint(trainer: pl.Trainer) -> LastCheckpoint | None:
         return next((cb for cb in trainer.checkpoint_callbacks if isinstance(cb, LastCheckpoint)), None)
 
     def _last_path(self, trainer: pl.Trainer) -> str:
@@ -234,21 +238,12 @@ class PreemptionCheckpoint(Checkpoint):
             requeued = _requeue(trainer, signum)
             name = signal.Signals(signum).name
             print(
-                f"\npreempted ({name}) {where}: resume with python -m yolo5l.train resume={_shown(path)}"
+                f"\npreempted ({name}) {where}: resume with python -m yolo5l.train resume={shown_path(path)}"
                 f"{'; ' + requeued if requeued else ''}",
                 file=sys.stderr,
                 flush=True,
             )
         raise Preempted(signum, path)
-
-
-def _shown(path: str) -> str:
-    """`path` relative to the current folder when it lies below it (how the user typed the run), else absolute."""
-    p = Path(path).absolute()
-    try:
-        return str(p.relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 def _requeue(trainer: pl.Trainer, signum: int) -> str:
