@@ -85,7 +85,7 @@ class ImageCache:
         self.messages: list[str] = []
         self.folder: Path | None = None
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self._disk_warned = False
+        self._disk_warned = False  # a .npy write failed: no more are tried (see _write_npy)
 
     # ----------------------------------------------------------------------------------------- helpers
     @property
@@ -168,7 +168,11 @@ class ImageCache:
             )
             self.mode = "none"
             return self.messages[-1]
-        self._run(self._write_npy, missing)
+        self._run(self._fill_disk, missing)
+        if self._disk_warned:  # the disk filled up (or the folder failed) part-way: the rest is read from the images
+            return (
+                f"{self.prefix}disk cache {self.folder}: partly written ({self.messages[-1].removeprefix(self.prefix)})"
+            )
         return (
             f"{self.prefix}disk cache {self.folder}: {len(indices)} images ({gb:.2f} GB), "
             f"{len(missing)} written, {len(indices) - len(missing)} reused"
@@ -196,8 +200,16 @@ class ImageCache:
             return False
         return arr.dtype == np.uint8 and arr.shape == (*self.resized_hw(i), 3)
 
+    def _fill_disk(self, i: int) -> None:
+        if not self._disk_warned:  # after a failed write (a full disk) the remaining images are not even decoded
+            self._write_npy(i)
+
     def _write_npy(self, i: int) -> np.ndarray:
         img = _load_resized(self.im_files[i], self.imgsz, self.augment)
+        if self._disk_warned:
+            # A write already failed (full disk, quota, file-size limit): a full disk stays full for this run, and
+            # trying again would create and delete a temporary file for every image of every step.
+            return img
         p = self.npy_path(i)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +225,14 @@ class ImageCache:
                 os.unlink(tmp)
             if not self._disk_warned:
                 self._disk_warned = True
-                self._say(f"{self.prefix}could not write {p} ({e}); reading images directly.")
+                try:  # numpy's short write loses the errno: the free space tells a full disk apart
+                    free = f"; {shutil.disk_usage(p.parent).free / _GB:.2f} GB free there"
+                except OSError:
+                    free = ""
+                self._say(
+                    f"{self.prefix}could not write {p} ({e.strerror or e}{free}); no more .npy files are written, "
+                    "images without one are read directly."
+                )
         return img
 
     # ----------------------------------------------------------------------------------------- load

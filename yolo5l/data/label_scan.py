@@ -191,6 +191,16 @@ def _save_cache(path: Path, index: LabelIndex, files_hash: str) -> None:
         raise
 
 
+def _save_cache_or_warn(path: Path, index: LabelIndex, files_hash: str, split: str) -> None:
+    """`_save_cache`, or a warning when the disk refuses it (full, over quota, file-size limit): the scan is in
+    memory and training goes on; the next run scans again."""
+    try:
+        _save_cache(path, index, files_hash)
+    except OSError as e:
+        reason = e.strerror or e
+        _log.warning("%s: label cache %s not written (%s): the labels are scanned again next time", split, path, reason)
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock (POSIX flock) so that one process per machine builds a cache; no-op elsewhere."""
@@ -199,7 +209,12 @@ def _file_lock(path: Path) -> Iterator[None]:
     except ImportError:  # Windows: the DataModule builds the cache on rank 0 before the others read it
         yield
         return
-    with open(path, "a") as f:
+    try:
+        f = open(path, "a")  # noqa: SIM115 - closed by the with below (a failed open is handled apart)
+    except OSError:  # a full disk can refuse even an empty lock file: no lock, and the cache write fails too
+        yield
+        return
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -302,14 +317,15 @@ def scan_labels(
             break
     if index is None:
         target = cache_path if dir_writable(cache_path.parent) else fallback
-        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: the cache is not written (a warning says so)
+            target.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(_sidecar(target, ".lock")):
             index = _load_cache(target, files_hash)  # another process may have built it while we waited
             if index is None:
                 t0 = time.perf_counter()
                 index = _build(im_files, num_classes, workers or _default_workers())
                 index.report.messages.sort()
-                _save_cache(target, index, files_hash)
+                _save_cache_or_warn(target, index, files_hash, split)
                 _write_log(_sidecar(target, ".log"), index.report, split)
                 _log.info("%s: scanned %d images in %.2f s", split, len(im_files), time.perf_counter() - t0)
     log_path = _sidecar(target, ".log")
