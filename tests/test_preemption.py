@@ -38,18 +38,24 @@ COMMON = (
 
 
 class SignalAt(Callback):
-    """Test aid: send `name` to this process at the start of batch `batch` of epoch `epoch` (on rank `rank` only).
+    """Test aid: send `name` to this process at the start of batch `batch` of epoch `epoch` (on rank `rank` only),
+    or with `group` to its whole process group, DataLoader workers included, as SLURM signals a job step.
 
     The handler runs before the batch's training step, as a scheduler's signal arriving during that step would.
     A resumed run that starts past that batch never sends it again.
     """
 
-    def __init__(self, epoch: int = 0, batch: int = 1, name: str = "SIGTERM", rank: int | None = None) -> None:
+    def __init__(
+        self, epoch: int = 0, batch: int = 1, name: str = "SIGTERM", rank: int | None = None, group: bool = False
+    ) -> None:
         self.epoch, self.batch, self.signum, self.rank = int(epoch), int(batch), getattr(signal, name), rank
+        self.group = bool(group)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
-            if self.rank is None or trainer.global_rank == self.rank:
+            if self.group:
+                os.killpg(os.getpgid(0), self.signum)  # the test starts the run in a session of its own
+            elif self.rank is None or trainer.global_rank == self.rank:
                 os.kill(os.getpid(), self.signum)
 
 
@@ -67,7 +73,10 @@ def _train(run: Path, synthetic: Path, *args: str) -> subprocess.Popen:
         sys.executable, "-m", "yolo5l.train", "experiment=smoke", f"hydra.run.dir={run}",
         f"data.synthetic.root={synthetic}", *args,
     ]  # fmt: skip
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    # A session (and process group) of its own: a signal SignalAt sends to its group never reaches pytest.
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True
+    )
 
 
 def _resume(ckpt: Path, *args: str) -> subprocess.Popen:
@@ -182,6 +191,26 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
     _assert_same_training_state(uninterrupted(), _load(last))
 
 
+def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthetic, uninterrupted):
+    """SLURM signals every process of the job step: SIGUSR1 to the whole group, 2 persistent DataLoader workers
+    included (its default action would kill them, and the run with them). The run stops at the step as a lone
+    signal would, and resumed (with its workers) it ends bit-identical to the uninterrupted run without workers
+    (augmentation depends on neither)."""
+    run = tmp_path / "run"
+    workers = ("data.num_workers=2", "data.persistent_workers=true")
+    rc, _, err = _wait(
+        _train(run, synthetic, *COMMON, *workers, *_signal_args(0, 1, "SIGUSR1"), "+callbacks.signal.group=true")
+    )
+    last = run / "checkpoints" / "last.ckpt"
+    assert rc == 128 + signal.SIGUSR1, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"preempted (SIGUSR1) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={last}"
+    )
+    rc, _, err = _wait(_resume(last))
+    assert rc == 0, err[-3000:]
+    _assert_same_training_state(uninterrupted(), _load(last))
+
+
 # ---- parts ---------------------------------------------------------------------------------------------------------
 def test_shard_sampler_resumes_inside_an_epoch():
     from yolo5l.data.datamodule import ShardSampler
@@ -215,6 +244,34 @@ def test_checkpoint_position():
     assert checkpoint_position(ckpt(3, 4, 40)) == (4, 0)  # LastCheckpoint at the end of epoch 3
     assert checkpoint_position(ckpt(3, 3, 17)) == (3, 17)  # preempted inside epoch 3
     assert checkpoint_position({"epoch": 3}) == (4, 0)  # no loop state: an epoch end
+
+
+def test_in_process_fit_stops_with_preempted_and_gives_the_signals_back(tmp_path, tiny_module, tiny_data, make_trainer):
+    """trainer.fit in a notebook: Preempted (a SystemExit with code 128 + signal) after last.ckpt, and afterwards
+    the signal reaches the handler that was installed before fit."""
+    from yolo5l.callbacks.checkpoint import LastCheckpoint, checkpoint_position
+    from yolo5l.callbacks.preemption import Preempted, PreemptionCheckpoint
+
+    seen: list[int] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        ck = tmp_path / "ck"
+        callbacks = [SignalAt(0, 1, "SIGUSR1"), LastCheckpoint(dirpath=ck), PreemptionCheckpoint()]
+        trainer = make_trainer(tmp_path, callbacks, max_epochs=1)
+        with pytest.raises(Preempted) as stopped:
+            trainer.fit(tiny_module(), tiny_data(n=16, batch_size=2))
+        assert stopped.value.code == 128 + signal.SIGUSR1
+        assert checkpoint_position(torch.load(ck / "last.ckpt", weights_only=True)) == (0, 2)
+        assert not seen
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1]
+
+        trainer = make_trainer(tmp_path, [LastCheckpoint(dirpath=ck), PreemptionCheckpoint()], max_epochs=1)
+        trainer.fit(tiny_module(), tiny_data(n=16, batch_size=2))  # no signal: an ordinary fit
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert seen == [signal.SIGUSR1] * 2
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 def test_bad_arguments_are_refused():

@@ -19,14 +19,20 @@ the run as unfinished (exit 0 would mark it "Succeeded" and nothing would resume
 `SLURMEnvironment(auto_requeue=True)` (its default when it detects SLURM), the requeue signal also requeues the job
 (`scontrol requeue`) once the checkpoint is written.
 
-Lightning's own handling is kept where it fits and replaced where it does not. Its signal connector installs the
-handlers at the start of fit and restores the originals at teardown; this callback installs its own at
-`on_train_start`, after Lightning's: Lightning's SIGTERM handler makes the loops raise `SIGTERMException` at the next
-batch end or even inside validation (no checkpoint at all when the signal lands in the epoch's last batch or in its
-validation, and exit status 0), and its SLURM SIGUSR1 handler writes `hpc_ckpt_<n>.ckpt` from inside the signal
-handler, in the middle of whatever step is running. What is reused: `SIGTERMException` (`Preempted` subclasses it,
-so `on_exception` consumers see the usual type), the launcher's forwarding of the signal to the ranks it started,
+Lightning's own handling is kept where it fits and replaced where it does not. Its signal connector installs its
+handlers when fit starts (after `setup`) and puts the earlier ones back at teardown. This callback installs its own in
+`setup`, before Lightning's: Lightning then leaves SIGUSR1 alone (its SLURM handler would write `hpc_ckpt_<n>.ckpt`
+from inside the signal handler, in the middle of whatever step is running) and puts its SIGTERM handler in front of
+this one; at `on_train_start` this callback takes SIGTERM back, since Lightning's makes the loops raise
+`SIGTERMException` at the next batch end or even inside validation (no checkpoint at all when the signal lands in the
+epoch's last batch or its validation, and exit status 0). What is reused: `SIGTERMException` (`Preempted` subclasses
+it, so `on_exception` consumers see the usual type), the launcher's forwarding of the signal to the ranks it started,
 the SLURM environment's `auto_requeue`/`requeue_signal`, and `Strategy.reduce` for the ranks' agreement.
+
+DataLoader workers: SLURM signals every process of the job step, the workers too. Those forked while this handler is
+installed keep it, and it does nothing outside the process that installed it; SIGUSR1's default action would kill
+them (and the run with them: "DataLoader worker ... is killed by signal"). Persistent workers are forked between
+Lightning's registration and `on_train_start`, so they hold Lightning's SIGTERM handler in front of this one.
 
 DDP: the signal may reach one rank only (Kubernetes signals the container's first process). The ranks agree with
 one all-reduce (MAX) of the received signal every `check_every_n_steps` optimizer steps, at the end of the batch
@@ -37,10 +43,10 @@ at every step, which costs nothing. A signal therefore stops a DDP run within `c
 A checkpoint that cannot be written (full disk) stops the run with `CheckpointWriteError`'s line instead, which
 names the previous `last.ckpt` (whole: every write is atomic) to resume from.
 
-Not covered: a signal before the first training step (Lightning's handler is still the installed one: it stops the
-run at the end of the first batch, and the previous `last.ckpt` stays the latest); a second signal is handled like
-the first (SIGKILL, which follows when the grace period ends, cannot be caught: the previous `last.ckpt` is whole,
-as every write is atomic).
+Not covered: a SIGTERM between the start of fit and `on_train_start` also reaches Lightning's handler, which stops
+the run at the end of the first batch if this callback has not stopped it there (when that batch only accumulates,
+the previous `last.ckpt` stays the latest); a second signal is handled like the first; SIGKILL, which follows when
+the grace period ends, cannot be caught: the previous `last.ckpt` is whole, as every write is atomic.
 """
 
 from __future__ import annotations
@@ -113,11 +119,18 @@ class PreemptionCheckpoint(Checkpoint):
         self._agreed = 0  # signal number all ranks agreed to stop for (0: not yet)
         self._stop_at_epoch_start = False
         self._step_before = -1
-        self._previous: dict[int, Any] = {}  # handlers to put back
+        self._original: dict[int, Any] = {}  # the handlers this callback replaced, put back after fit
+        self._active = False
+        self._pid = -1
         self._trainer: pl.Trainer | None = None
 
     # ---- signals -------------------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            return  # a DataLoader worker forked while this handler was installed: the main process decides
+        if not self._active:
+            self._pass_on(signum, frame)
+            return
         # As little as possible: no I/O (a print here can re-enter a write the main thread was doing), no collective.
         first = not self._received
         self._received = int(signum)
@@ -125,30 +138,53 @@ class PreemptionCheckpoint(Checkpoint):
         if first and launcher is not None and hasattr(launcher, "kill"):
             launcher.kill(signum)  # the ranks this process started (Lightning's script launcher) hear it too
 
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        # Installed after fit (Lightning's teardown after an exception puts back the handlers it found, this one
+        # among them): behave as the handler this one replaced.
+        original = self._original.get(int(signum), signal.SIG_DFL)
+        if callable(original):
+            original(signum, frame)
+        elif original in (signal.SIG_DFL, None):
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
     def _install(self, trainer: pl.Trainer) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Python takes signals on the main thread only (a notebook's worker thread): nothing to do
-        self._trainer = trainer
+        if not self._active:  # the first install of this fit: remember what to put back
+            found = {int(sig): signal.getsignal(sig) for sig in self.signals}
+            # one left installed by an earlier fit (see _pass_on) stands for what it replaced
+            self._original = {sig: self._original.get(sig) if h == self._handle else h for sig, h in found.items()}
+        self._trainer, self._pid, self._active = trainer, os.getpid(), True
         for sig in self.signals:
-            self._previous.setdefault(int(sig), signal.getsignal(sig))
             signal.signal(sig, self._handle)
 
     def _uninstall(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if not self._active or threading.current_thread() is not threading.main_thread():
             return
-        for sig, handler in self._previous.items():
+        for sig, handler in self._original.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+        self._active = False
         self._trainer = None
 
     # ---- hooks ---------------------------------------------------------------------------------------------------
     @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Before Lightning's _SignalConnector registers its handlers: it then leaves SIGUSR1 alone (no SLURM
+        # checkpoint written from inside its handler), and the training loader's persistent workers, forked before
+        # on_train_start, inherit this handler (a no-op there) rather than SIGUSR1's default action, which kills
+        # them when a scheduler signals the whole process group.
+        if stage == "fit":
+            self._received = self._agreed = 0
+            self._stop_at_epoch_start = False
+            self._install(trainer)
+
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # After Lightning's _SignalConnector registered its handlers (it does so just before the loops start).
-        self._received = self._agreed = 0
-        self._stop_at_epoch_start = False
-        if getattr(trainer, "received_sigterm", False):  # the signal came while Lightning's handler was installed
-            self._received = int(signal.SIGTERM)
+        # Lightning has since put its own SIGTERM handler in front of this one (it would make the loops raise
+        # SIGTERMException where no checkpoint resumes exactly): take SIGTERM back for the rest of fit.
+        if getattr(trainer, "received_sigterm", False):  # the signal came while Lightning's handler ran
+            self._received = self._received or int(signal.SIGTERM)
         self._install(trainer)
 
     @override
