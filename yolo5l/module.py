@@ -137,6 +137,7 @@ class YOLOv5Module(pl.LightningModule):
         self._eval_model: nn.Module | None = None  # fused copy for validation; never a submodule (see below)
         self._loss_sum: Tensor | None = None  # this epoch's [box, obj, cls] summed over batches, on the device
         self._loss_batches = 0
+        self._resumed_losses: tuple[Tensor, int] | None = None  # a checkpoint's epoch sums, until training starts
         self._bad_streak = torch.zeros((), dtype=torch.long)  # optimizer steps in a row with non-finite gradients
         self.step_finite: Tensor | None = None  # whether the last optimizer step was applied
 
@@ -206,6 +207,10 @@ class YOLOv5Module(pl.LightningModule):
             self._no_sync.enter_context(self.trainer.strategy.block_backward_sync())
 
     def on_train_start(self) -> None:
+        if self._resumed_losses is not None:  # resumed inside an epoch (no on_train_epoch_start): its sums go on
+            self._loss_sum = self._resumed_losses[0].to(self.device)
+            self._loss_batches = self._resumed_losses[1]
+            self._resumed_losses = None
         # A resumed run given more epochs than its schedule was built for (trainer.max_epochs raised): the restored
         # schedule continues linearly from today's learning rate to lr0 x lrf at the new last epoch.
         extended = extend_schedule(self.lr_schedulers(), self.current_epoch, self.trainer.max_epochs)
@@ -290,9 +295,13 @@ class YOLOv5Module(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["yolo5l_last_opt_step"] = self._last_opt_step
+        if self._loss_sum is not None:  # a mid-epoch checkpoint (preemption): the epoch's mean losses go on
+            checkpoint["yolo5l_epoch_losses"] = {"sum": self._loss_sum.detach().cpu(), "batches": self._loss_batches}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._last_opt_step = checkpoint.get("yolo5l_last_opt_step", -1)
+        losses = checkpoint.get("yolo5l_epoch_losses")
+        self._resumed_losses = (losses["sum"], int(losses["batches"])) if losses else None
 
     # ---- validation / prediction ---------------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

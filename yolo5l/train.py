@@ -151,7 +151,8 @@ def _resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], outpu
             f"{ckpt_path} already trained {state.epochs_done} of {max_epochs} epochs, nothing to resume: extend it "
             f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
         )
-    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done} of {max_epochs}")
+    at = f", batch {state.batches_done}" if state.batches_done else ""
+    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")
     return cfg
 
 

@@ -54,6 +54,10 @@ class ThroughputMonitor(Callback):
         self._images = 0
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._reset(time.perf_counter())  # a run resumed inside an epoch starts without its on_train_epoch_start
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _sync(pl_module.device)
         self._reset(time.perf_counter())

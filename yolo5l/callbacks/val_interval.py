@@ -45,6 +45,11 @@ class ValEveryNEpochs(Callback):
             )
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A run resumed inside an epoch starts without that epoch's on_train_epoch_start.
+        self.on_train_epoch_start(trainer, pl_module)
+
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         validate = self.should_validate(trainer.current_epoch, trainer.max_epochs)
         # (current_epoch + 1) % check_val_every_n_epoch == 0 is Lightning's test; sys.maxsize never divides it.

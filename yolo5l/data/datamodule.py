@@ -20,6 +20,7 @@ import contextlib
 import math
 import os
 import random
+import signal
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,12 @@ def seed_worker(worker_id: int) -> None:
     or two cores (PyTorch issue #101850), which would leave a worker's threads sharing them; resetting it lets
     each worker run on every core the process may use.
     """
+    # Workers are forked while the training process's signal handlers are installed; a SIGTERM/SIGUSR1 sent to the
+    # whole process group (SLURM, Kubernetes) is the main process's to handle (PreemptionCheckpoint). Workers end
+    # with their parent.
+    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
