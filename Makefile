@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine: `make train` and `make test`.
-# Each creates .venv (pip install -e ".[dev]") when it is missing or older than pyproject.toml.
+# Each creates .venv (pip install -e ".[dev,export,mlflow,optuna]": the tools and the optional extras the tests
+# exercise) when it is missing or older than pyproject.toml.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ ARGS ?=
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna]"
 	touch $@
 
 venv: $(BIN)/.installed
