@@ -326,6 +326,9 @@ def test_group_choices_are_checked_before_composing():
         check_group_choices(["module/metric=voc"])
     with pytest.raises(UserError, match="unknown data '_base'"):
         check_group_choices(["data=_base"])
+    check_group_choices(["hparams_search=evolve", "hparams_search=null"])
+    with pytest.raises(UserError, match="unknown hparams_search 'foo': choose one of evolve"):
+        check_group_choices(["hparams_search=foo"])
 
 
 def test_train_check_refuses_ddp_in_multirun_but_allows_spawn(tmp_path):

@@ -44,9 +44,9 @@ CACHE_MODES = ("none", "ram", "disk")
 #: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
 GROUPS = (
     "model", "data", "hyp", "module", "module/optimizer", "module/scheduler", "module/metric", "trainer",
-    "callbacks", "logger", "experiment", "debug", "paths",
+    "callbacks", "logger", "experiment", "debug", "paths", "hparams_search",
 )
-NULLABLE = ("experiment", "debug")
+NULLABLE = ("experiment", "debug", "hparams_search")
 
 
 def compose_config(
