@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from yolo5l.archive import archive_damage
 from yolo5l.errors import UserError
 from yolo5l.models.yolo import _LAYERS, ANCHORS_P3_P5, STRIDES, YOLOv5
 from yolo5l.safe_pickle import StandIn, UnsafeCheckpointError, restricted_pickle
@@ -451,6 +452,9 @@ def load_weights(
     Returns:
         ``(model, info)``.
     """
+    damage = archive_damage(path) if os.path.isfile(path) else None
+    if damage:  # torch.load never checks the members' checksums: changed bytes would load as wrong weights
+        raise ValueError(f"{os.fspath(path)} is damaged ({damage}): use another copy of it")
     try:
         return load_checkpoint(path, num_classes, map_location)
     except _NotYolo5lCheckpoint:

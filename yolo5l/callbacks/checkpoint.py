@@ -13,7 +13,6 @@ import errno
 import os
 import pickle
 import shutil
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
+from yolo5l.archive import archive_damage
 from yolo5l.errors import UserError
 from yolo5l.weights import atomic_save, save_weights
 
@@ -409,37 +409,6 @@ def read_resume_state(path: Path) -> ResumeState:
         )
     epochs_done, batches_done = checkpoint_position(ckpt)
     return ResumeState(path, epochs_done, ckpt.get(CONFIG_KEY), batches_done)
-
-
-def archive_damage(path: str | os.PathLike) -> str | None:
-    """What is wrong with a PyTorch checkpoint file (a zip archive since torch 1.6) that is damaged, else None.
-
-    Catches a file cut short (no zip directory at its end: a copy or a write that stopped) and bytes changed inside
-    it: every member's CRC-32, which torch writes and `torch.load` never checks, so a damaged tensor would load as
-    wrong numbers. Reads the whole file once (about a second per GB). A file that is not a zip archive at all (the
-    legacy format, or not a checkpoint) returns None: the loader says what it is.
-    """
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        return f"unreadable: {e.strerror or e}"
-    if size == 0:
-        return "empty file"
-    try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
-        # A torch zip starts with a local file header; without its directory, the end of the file is missing.
-        return "cut short: its end is missing" if head == b"PK\x03\x04" else None
-    except OSError as e:
-        return f"unreadable: {e.strerror or e}"
-    try:
-        with zf:
-            bad = zf.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:  # RuntimeError: zlib's
-        return f"its contents are garbled ({e})"
-    return f"{bad} does not match its checksum" if bad is not None else None
 
 
 def checkpoint_position(ckpt: dict[str, Any]) -> tuple[int, int]:
