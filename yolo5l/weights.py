@@ -1,10 +1,8 @@
 """Load ultralytics/yolov5 (v6.x-v7.0) ``.pt`` files and yolo5l checkpoints into :class:`~yolo5l.models.yolo.YOLOv5`.
 
 An ultralytics ``.pt`` file is a full pickle of ``models.yolo.DetectionModel``; ``torch.load(weights_only=True)``
-refuses it and ``weights_only=False`` would run whatever the pickle says. :func:`load_ultralytics` reads it without
-ultralytics installed and without executing pickled code, through :mod:`yolo5l.safe_pickle`: only an explicit list
-of globals is admitted, the pickled module classes become inert stand-ins, and anything else is refused, naming the
-file and the global.
+refuses it and ``weights_only=False`` would run whatever the pickle says. :func:`load_ultralytics` reads it through
+:mod:`yolo5l.safe_pickle` (an allow-list of globals, inert stand-ins for the module classes): no code runs.
 
 A yolo5l weights file (written by :func:`save_weights`: training's ``weights.pt``, ``python -m yolo5l.convert``) is
 a plain dict ``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
@@ -452,8 +450,7 @@ def load_weights(
     Returns:
         ``(model, info)``.
     """
-    damage = archive_damage(path) if os.path.isfile(path) else None
-    if damage:  # torch.load never checks the members' checksums: changed bytes would load as wrong weights
+    if os.path.isfile(path) and (damage := archive_damage(path)):  # torch.load never checks the checksums
         raise ValueError(f"{os.fspath(path)} is damaged ({damage}): use another copy of it")
     try:
         return load_checkpoint(path, num_classes, map_location)
