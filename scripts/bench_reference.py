@@ -39,7 +39,7 @@ resolves a relative ``path:`` against its package folder), so its label caches s
 
 Example (the machine is shared: run it once, take ratios against bench_train.py runs made at the same time):
 
-    .venv/bin/python scripts/bench_reference.py --cache-ram --json /tmp/ref.json
+    .venv/bin/python scripts/bench_reference.py --cache-ram --json ref.json
 """
 
 from __future__ import annotations
