@@ -70,3 +70,19 @@ def test_images_a_video_and_a_corrupt_file(tmp_path, weights_at_128):
     assert {p.get("frame") for p in preds if p["image"].endswith("clip.mp4")} <= {0, 1, 2}
     assert any(p["image"].endswith("clip.mp4") for p in preds)
     assert (out / "labels" / "clip_2.txt").is_file()
+
+
+def test_val_runs_at_the_weights_training_size(tmp_path):
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.weights import save_weights
+
+    weights = tmp_path / "w.pt"
+    save_weights(YOLOv5.from_name("yolov5n", num_classes=4), weights, imgsz=96)  # the synthetic set has 4 classes
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.val", f"weights={weights}", f"data.synthetic.root={tmp_path / 'syn'}",
+         "data.synthetic.num_train=4", "data.synthetic.num_val=4", "data.val_batch_size=4", "data.num_workers=0",
+         "trainer.accelerator=cpu", "plots=false", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=300, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "data.imgsz: 96 (the weights' training size)" in r.stdout

@@ -187,7 +187,8 @@ def _check_data(data: DictConfig) -> None:
 
     if preset_name(data.get("file")) is None:  # a preset's data.yaml (data=coco128) is written on first load
         _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
-    _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
+    if data.get("imgsz") is not None:  # null (val): the size the weights were trained at
+        _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
     _int(data, "data.num_workers", minimum=0, allow=("auto",))
     if data.get("val_batch_size") is not None:
         _int(data, "data.val_batch_size", minimum=1)
@@ -224,6 +225,8 @@ def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
     from yolo5l.hardware import num_devices
 
     _check_trainer(cfg.trainer)
+    if cfg.data.get("imgsz") is None:
+        raise UserError("data.imgsz=null: training needs an image size (a multiple of 32), e.g. data.imgsz=640")
     _check_data(cfg.data)
     _check_module(cfg.module)
     world = num_devices(cfg.trainer)

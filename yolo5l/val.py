@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from yolo5l._cli import (
     guarded,
+    info,
     one_console_line_per_log,
     print_outputs,
     relpath,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     #: The per-class results, the class names and the files written (name -> path).
     _PerClass = tuple[PerClassResults, list[str], dict[str, Path]]
 
+_DEFAULT_IMGSZ = 640
 _TABLE = (
     ("precision", "val/precision"), ("recall", "val/recall"), ("mAP@0.5", "val/map_50"), ("mAP@0.5:0.95", "val/map"),
 )  # fmt: skip
@@ -48,13 +50,19 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
-    datamodule = instantiate(cfg.data, _convert_="all")
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
-        return _report(*_validate_exported(cfg, datamodule))
+        if cfg.data.get("imgsz") is None:
+            from yolo5l.exported import load_exported
+
+            _set_imgsz(cfg, load_exported(str(cfg.weights), "cpu")[2])
+        return _report(*_validate_exported(cfg, instantiate(cfg.data, _convert_="all")))
     try:
-        model, _ = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
+        model, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
+    if cfg.data.get("imgsz") is None:
+        _set_imgsz(cfg, loaded.imgsz)
+    datamodule = instantiate(cfg.data, _convert_="all")
     if model.num_classes != datamodule.num_classes:
         raise UserError(
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
@@ -71,6 +79,14 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     if not trainer.is_global_zero:
         return metrics
     return _report(metrics, (plots.results, module.names, plots.files) if plots.results is not None else None)
+
+
+def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
+    """`data.imgsz=null`: validate at the size the weights were trained at, or YOLOv5's 640 when they do not say."""
+    with open_dict(cfg):
+        cfg.data.imgsz = int(imgsz or _DEFAULT_IMGSZ)
+    why = "the weights' training size" if imgsz else "the weights do not record one"
+    info(f"data.imgsz: {cfg.data.imgsz} ({why})")
 
 
 def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, float], _PerClass]:
