@@ -24,33 +24,36 @@ def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_path):
     data = f"data.synthetic.root={tmp_path / 'synthetic'}"
-    r = _train(tmp_path, "experiment=smoke", data, "trainer.limit_train_batches=2", "hydra.run.dir=runs/train/a")
+    r = _train(
+        tmp_path, "experiment=smoke", data, "trainer.limit_train_batches=2", "trainer.max_epochs=2",
+        "hydra.run.dir=runs/train/a",
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "runs" / "train" / "a"
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["yolo5l_config"]["model"]["width"] == 0.25
 
     # A change to what the run trains is refused before anything is built, in one line.
-    r = _train(tmp_path, "resume=true", "model=yolov5s", "trainer.max_epochs=2")
+    r = _train(tmp_path, "resume=true", "model=yolov5s", "trainer.max_epochs=3")
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert "resume: model=yolov5s changes what the run" in r.stderr.strip().splitlines()[-1]
 
-    # The finished 1-epoch run, extended to 2 epochs, without repeating experiment=smoke or the data root: the
+    # The finished 2-epoch run, extended to 3 epochs, without repeating experiment=smoke or the data root: the
     # checkpoint's config (yolov5n at 128 px, 2 batches an epoch) is used, in the same folder.
-    r = _train(tmp_path, "resume=true", "trainer.max_epochs=2")
+    r = _train(tmp_path, "resume=true", "trainer.max_epochs=3")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "extending the run to 2 epochs" in r.stdout + r.stderr
+    assert "extending the run to 3 epochs" in r.stdout + r.stderr
     assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["a"]
     rows = read_metrics_csv(run / "metrics.csv")
-    assert [row["epoch"] for row in rows] == ["0", "1"]
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"]  # no earlier row lost
     for row in rows:  # every row carries the epoch's mean losses
         assert all(row[k] for k in ("train/loss_box", "train/loss_obj", "train/loss_cls")), row
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
-    assert ckpt["epoch"] == 1
-    assert ckpt["global_step"] == 4
+    assert ckpt["epoch"] == 2
+    assert ckpt["global_step"] == 6
     assert len(list(run.glob("events.out.tfevents.*"))) == 2  # TensorBoard reads both files of the folder
 
-    r = _train(tmp_path, "resume=true", "trainer.max_epochs=2")
+    r = _train(tmp_path, "resume=true", "trainer.max_epochs=3")
     assert r.returncode == 2
-    assert "already trained 2 of 2 epochs" in r.stderr
+    assert "already trained 3 of 3 epochs" in r.stderr

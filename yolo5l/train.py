@@ -33,7 +33,6 @@ from yolo5l._cli import (
     fail,
     guarded,
     info,
-    is_rank_zero,
     one_console_line_per_log,
     print_outputs,
     relpath,
@@ -41,10 +40,11 @@ from yolo5l._cli import (
     run_entry_point,
     unfreeze_start_up,
 )
-from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint, read_resume_state
+from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
-from yolo5l.config import check_train_config, merge_resume_config
+from yolo5l.config import check_train_config
 from yolo5l.errors import UserError
+from yolo5l.resume import resume_config, resume_in_place
 from yolo5l.tracking import finish_run, instantiate_entries
 
 
@@ -119,7 +119,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     output_dir = Path(hc.runtime.output_dir)
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir.parent, exclude=output_dir)
     if ckpt_path is not None:
-        cfg = _resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
+        cfg = resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
     check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
 
     datamodule, module, trainer = build(cfg)
@@ -136,40 +136,6 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if trainer.is_global_zero:
         _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
     return metrics | finish_run(trainer, output_dir)  # best fitness; weights and tables to MLflow / W&B (rank 0)
-
-
-def _resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output_dir: Path) -> DictConfig:
-    """The resumed run's config (the checkpoint's own, see `merge_resume_config`), checked against its epochs."""
-    state = read_resume_state(ckpt_path)
-    if state.config is not None:
-        cfg = merge_resume_config(cfg, state.config, overrides, ckpt_path)
-        if is_rank_zero() and (output_dir / ".hydra").is_dir():  # what this run really uses, beside Hydra's files
-            (output_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    max_epochs = cfg.trainer.get("max_epochs")
-    if max_epochs is not None and 0 <= int(max_epochs) <= state.epochs_done:
-        raise UserError(
-            f"{ckpt_path} already trained {state.epochs_done} of {max_epochs} epochs, nothing to resume: extend it "
-            f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
-        )
-    at = f", batch {state.batches_done}" if state.batches_done else ""
-    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")
-    return cfg
-
-
-def resume_in_place(argv: list[str]) -> list[str]:
-    """`resume=<last.ckpt>` (or `true`) continues in the interrupted run's own folder: the command line gets that
-    folder as `hydra.run.dir` before Hydra makes a new one, so metrics.csv, TensorBoard events and checkpoints stay
-    in one place. Nothing changes when `hydra.run.dir` is given, in a multirun, or for a file outside a run folder.
-    """
-    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
-    if resume is None or any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
-        return argv
-    runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
-    path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
-    if path is None or path.parent.name != "checkpoints":
-        return argv
-    path = path.absolute()
-    return [*(a for a in argv if not a.startswith("resume=")), f"resume={path}", f"hydra.run.dir={path.parent.parent}"]
 
 
 def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:

@@ -1,0 +1,52 @@
+"""What `resume=` means for `python -m yolo5l.train`: the interrupted run's own folder and config.
+
+Finding and reading the checkpoint is `yolo5l.callbacks.checkpoint` (`find_resume_checkpoint`, `read_resume_state`);
+merging the command line into the run's config is `yolo5l.config.merge_resume_config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from yolo5l._cli import info, is_rank_zero, relpath
+from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
+from yolo5l.config import merge_resume_config
+from yolo5l.errors import UserError
+
+__all__ = ["resume_config", "resume_in_place"]
+
+
+def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output_dir: Path) -> DictConfig:
+    """The resumed run's config (the checkpoint's own, see `merge_resume_config`), checked against its epochs."""
+    state = read_resume_state(ckpt_path)
+    if state.config is not None:
+        cfg = merge_resume_config(cfg, state.config, overrides, ckpt_path)
+        if is_rank_zero() and (output_dir / ".hydra").is_dir():  # what this run really uses, beside Hydra's files
+            (output_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    max_epochs = cfg.trainer.get("max_epochs")
+    if max_epochs is not None and 0 <= int(max_epochs) <= state.epochs_done:
+        raise UserError(
+            f"{ckpt_path} already trained {state.epochs_done} of {max_epochs} epochs, nothing to resume: extend it "
+            f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
+        )
+    at = f", batch {state.batches_done}" if state.batches_done else ""
+    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")
+    return cfg
+
+
+def resume_in_place(argv: list[str]) -> list[str]:
+    """`resume=<last.ckpt>` (or `true`) continues in the interrupted run's own folder: the command line gets that
+    folder as `hydra.run.dir` before Hydra makes a new one, so metrics.csv, TensorBoard events and checkpoints stay
+    in one place. Nothing changes when `hydra.run.dir` is given, in a multirun, or for a file outside a run folder.
+    """
+    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    if resume is None or any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
+        return argv
+    runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
+    path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
+    if path is None or path.parent.name != "checkpoints":
+        return argv
+    path = path.absolute()
+    return [*(a for a in argv if not a.startswith("resume=")), f"resume={path}", f"hydra.run.dir={path.parent.parent}"]
