@@ -164,8 +164,8 @@ def extend_schedule(scheduler: LambdaLR, epoch: int, epochs: int) -> tuple[float
     return factor.tail_factor, factor.lrf
 
 
-class LinearLR(LambdaLR):
-    """YOLOv5's default schedule: lr falls linearly from lr0 to lr0 * lrf over `epochs` (stepped per epoch).
+class _FactorLR(LambdaLR):
+    """An epoch-stepped `LambdaLR` over `epochs` whose factor is the class's `factor` (`_LinearFactor`, ...).
 
     Args:
         optimizer: the optimizer.
@@ -173,22 +173,21 @@ class LinearLR(LambdaLR):
         lrf: final learning rate as a fraction of lr0 (`hyp.lrf`).
     """
 
-    def __init__(self, optimizer: Optimizer, epochs: int, lrf: float, last_epoch: int = -1) -> None:
-        if epochs is None or epochs < 1:
-            raise ValueError("set trainer.max_epochs: the learning-rate schedule spans it")
-        super().__init__(optimizer, _LinearFactor(epochs, lrf), last_epoch=last_epoch)
-
-
-class CosineLR(LambdaLR):
-    """YOLOv5's `--cos-lr` schedule: one cosine half-cycle from lr0 to lr0 * lrf over `epochs`.
-
-    Args:
-        optimizer: the optimizer.
-        epochs: the run's epoch count (the Trainer's `max_epochs`).
-        lrf: final learning rate as a fraction of lr0 (`hyp.lrf`).
-    """
+    factor: type[_Factor]
 
     def __init__(self, optimizer: Optimizer, epochs: int, lrf: float, last_epoch: int = -1) -> None:
         if epochs is None or epochs < 1:
             raise ValueError("set trainer.max_epochs: the learning-rate schedule spans it")
-        super().__init__(optimizer, _OneCycleFactor(epochs, lrf), last_epoch=last_epoch)
+        super().__init__(optimizer, self.factor(epochs, lrf), last_epoch=last_epoch)
+
+
+class LinearLR(_FactorLR):
+    """YOLOv5's default schedule: lr falls linearly from lr0 to lr0 * lrf over `epochs` (stepped per epoch)."""
+
+    factor = _LinearFactor
+
+
+class CosineLR(_FactorLR):
+    """YOLOv5's `--cos-lr` schedule: one cosine half-cycle from lr0 to lr0 * lrf over `epochs`."""
+
+    factor = _OneCycleFactor
