@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from pathlib import Path
 
@@ -146,3 +147,27 @@ def test_default_root_is_under_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     y = ensure_synthetic(num_train=2, num_val=1)
     assert y == tmp_path / "datasets" / "synthetic" / "data.yaml"
+
+
+def test_camera_options_noise_and_object_size(tmp_path):
+    """``noise`` sets the JPEG size (the camera-sized benchmark set uses a phone photo's), ``max_object_side`` the
+    box sizes; the defaults leave the marker as it was, so existing datasets are not regenerated."""
+    base = ensure_synthetic(tmp_path / "base", **SMALL)
+    quiet = ensure_synthetic(tmp_path / "quiet", noise=4, **SMALL)
+    big = ensure_synthetic(tmp_path / "big", min_side=600, max_side=800, max_object_side=400, **SMALL)
+    assert set(json.loads((base.parent / MARKER).read_text())) == {
+        "version", "num_train", "num_val", "seed", "min_side", "max_side", "quality"
+    }  # fmt: skip
+    assert json.loads((quiet.parent / MARKER).read_text())["noise"] == 4
+
+    def jpeg_bytes(y: Path) -> int:
+        return sum(p.stat().st_size for p in (y.parent / "images" / "train").glob("*.jpg"))
+
+    assert jpeg_bytes(quiet) < 0.6 * jpeg_bytes(base)
+
+    def largest_side(y: Path) -> float:
+        spec = load_dataset_file(y)
+        index = scan_labels(spec.files("train"), spec.num_classes, spec.cache_path("train"), "train")
+        return max(float((lb[:, 3:5] * np.asarray(s)[::-1]).max()) for lb, s in zip(index.labels, index.shapes))
+
+    assert largest_side(base) <= 150 < largest_side(big)

@@ -45,14 +45,16 @@ _MAX_OBJECT_FRACTION = 0.6  # of the shorter image side
 _GAP = 2  # pixels kept free around every object, so that objects never touch
 _TRIES_PER_OBJECT = 20  # placement attempts per wanted object (rejection sampling)
 _WRITE_THREADS = 4
+_NOISE = 18  # default amplitude of the uniform pixel noise, grey levels
+_MAX_OBJECT_SIDE = 150  # default largest box side, pixels
 
 
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Smoothly varying colours (a coarse random grid upsampled) plus uniform pixel noise, uint8 RGB."""
+def _background(rng: np.random.Generator, h: int, w: int, noise: int = _NOISE) -> np.ndarray:
+    """Smoothly varying colours (a coarse random grid upsampled) plus uniform pixel noise of +-``noise``, uint8 RGB."""
     gh, gw = rng.integers(2, 6, size=2)
     coarse = rng.integers(60, 200, size=(gh, gw, 3)).astype(np.uint8)
     smooth = cv2.resize(coarse, (w, h), interpolation=cv2.INTER_CUBIC)
-    noise = rng.integers(-18, 19, size=(h, w, 3), dtype=np.int16)
+    noise = rng.integers(-noise, noise + 1, size=(h, w, 3), dtype=np.int16)
     return np.clip(smooth + noise, 0, 255).astype(np.uint8)
 
 
@@ -82,7 +84,8 @@ def render_sample(
     w: int,
     max_objects: int = 6,
     min_size: int = _MIN_OBJECT_SIDE,
-    max_size: int = 150,
+    max_size: int = _MAX_OBJECT_SIDE,
+    noise: int = _NOISE,
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Render one image.
 
@@ -93,12 +96,14 @@ def render_sample(
         max_objects: At most this many objects (at least 1 is always placed).
         min_size: Smallest box side in pixels.
         max_size: Largest box side in pixels (also capped at ``_MAX_OBJECT_FRACTION`` of the shorter image side).
+        noise: Amplitude of the background's uniform pixel noise in grey levels (it sets the JPEG file size: at 18 a
+            12-megapixel image is ~4 MB at quality 90, at 10 ~2.5 MB, the size of a phone camera's photo).
 
     Returns:
         (image (h, w, 3) uint8 RGB, labels (n, 5) float32 [cls, cx, cy, w, h] normalised, masks: n bool (h, w)).
         Each label is the exact extent of its mask; masks do not overlap (objects are placed ``_GAP`` px apart).
     """
-    img = _background(rng, h, w)
+    img = _background(rng, h, w, noise)
     occupied = np.zeros((h, w), bool)
     classes, corners, masks = [], [], []
     hi = max(min_size + 1, min(max_size, int(_MAX_OBJECT_FRACTION * min(h, w))))
@@ -139,11 +144,13 @@ def _image_size(rng: np.random.Generator, min_side: int, max_side: int) -> tuple
     return int(h), int(w)
 
 
-def _write_image(root: Path, split: str, i: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
-    rng = np.random.default_rng([seed, _SPLITS[split], i])  # image i depends only on (seed, split, i)
-    h, w = _image_size(rng, min_side, max_side)
-    img, labels, _ = render_sample(rng, h, w)
-    ok, buf = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
+def _write_image(root: Path, split: str, i: int, params: dict) -> None:
+    rng = np.random.default_rng([params["seed"], _SPLITS[split], i])  # image i depends only on (seed, split, i)
+    h, w = _image_size(rng, params["min_side"], params["max_side"])
+    img, labels, _ = render_sample(
+        rng, h, w, max_size=params.get("max_object_side", _MAX_OBJECT_SIDE), noise=params.get("noise", _NOISE)
+    )
+    ok, buf = cv2.imencode(".jpg", img[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, params["quality"]])
     if not ok:
         raise RuntimeError(f"JPEG encoding failed for synthetic image {split}/{i}")
     stem = f"{split}_{i:06d}"
@@ -151,12 +158,12 @@ def _write_image(root: Path, split: str, i: int, seed: int, min_side: int, max_s
     (root / LABELS_DIR / split / f"{stem}{LABEL_SUFFIX}").write_text(format_labels(labels.tolist()))
 
 
-def _write_split(root: Path, split: str, n: int, seed: int, min_side: int, max_side: int, quality: int) -> None:
+def _write_split(root: Path, split: str, n: int, params: dict) -> None:
     (root / IMAGES_DIR / split).mkdir(parents=True, exist_ok=True)
     (root / LABELS_DIR / split).mkdir(parents=True, exist_ok=True)
     # Threads: JPEG encoding and most numpy work release the GIL; every image has its own generator.
     with ThreadPoolExecutor(max(1, min(_WRITE_THREADS, os.cpu_count() or 1))) as pool:
-        list(pool.map(lambda i: _write_image(root, split, i, seed, min_side, max_side, quality), range(n)))
+        list(pool.map(lambda i: _write_image(root, split, i, params), range(n)))
 
 
 def _data_yaml(names: Sequence[str]) -> str:
@@ -185,6 +192,8 @@ def ensure_synthetic(
     min_side: int = 240,
     max_side: int = 400,
     quality: int = 90,
+    max_object_side: int = _MAX_OBJECT_SIDE,
+    noise: int = _NOISE,
 ) -> Path:
     """Generate the synthetic dataset once (or reuse it) and return its dataset yaml.
 
@@ -196,6 +205,8 @@ def ensure_synthetic(
         min_side: Smallest image side in pixels.
         max_side: Largest image side in pixels.
         quality: JPEG quality.
+        max_object_side: Largest object side in pixels (see :func:`render_sample`).
+        noise: Background noise amplitude (see :func:`render_sample`).
 
     Returns:
         Path of ``<root>/data.yaml`` (ultralytics layout: images/{train,val}, labels/{train,val}).
@@ -210,6 +221,11 @@ def ensure_synthetic(
         "max_side": int(max_side),
         "quality": int(quality),
     }
+    # Recorded only when not the default, so that datasets generated before these options existed stay valid.
+    if max_object_side != _MAX_OBJECT_SIDE:
+        params["max_object_side"] = int(max_object_side)
+    if noise != _NOISE:
+        params["noise"] = int(noise)
     if _is_complete(root, params):
         return root / DATA_YAML
     if min_side < _MIN_IMAGE_SIDE or max_side < min_side:
@@ -224,8 +240,8 @@ def ensure_synthetic(
             return root / DATA_YAML
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
         try:
-            _write_split(tmp, "train", num_train, seed, min_side, max_side, quality)
-            _write_split(tmp, "val", num_val, seed, min_side, max_side, quality)
+            _write_split(tmp, "train", num_train, params)
+            _write_split(tmp, "val", num_val, params)
             (tmp / DATA_YAML).write_text(_data_yaml(NAMES))
             (tmp / MARKER).write_text(json.dumps(params))  # last: marks the dataset complete
             if root.exists() and not _is_complete(root, params):
