@@ -222,14 +222,14 @@ def check_reference(ref_python: str, work: Path) -> str:
     return lines[-1] if lines else "?"
 
 
-def prepare(data_root: Path, work: Path, ref_python: str) -> Path:
-    """Generate the synthetic dataset if absent, link it under ``work`` and write the reference's data yaml; put a
-    font named Arial.ttf where the reference looks for it."""
+def prepare(data_root: Path, work: Path, ref_python: str, src_yaml: Path | None = None) -> Path:
+    """Generate the synthetic dataset if absent (or take the dataset yaml ``src_yaml``), link it under ``work`` and
+    write the reference's data yaml; put a font named Arial.ttf where the reference looks for it."""
     import yaml
 
     from yolo5l.data.synthetic import ensure_synthetic
 
-    src_yaml = Path(ensure_synthetic(data_root))
+    src_yaml = Path(src_yaml) if src_yaml is not None else Path(ensure_synthetic(data_root))
     src = yaml.safe_load(src_yaml.read_text())
     base = (src_yaml.parent / (src.get("path") or ".")).resolve()
     data = work / "data"
