@@ -69,7 +69,7 @@ def test_disk_cache_writes_reuses_and_rebuilds(images):
     c = ImageCache(files, shapes, 96, "disk")
     line = c.fill()
     assert "4 written, 0 reused" in line
-    folder = Path(files[0]).parent.with_name("train.npycache") / "s96_linear"
+    folder = Path(files[0]).parent.with_name("train.npycache") / "s96_linear_r"  # _r: reduced decoding
     assert c.folder == folder
     for i in range(4):
         np.testing.assert_array_equal(np.load(c.npy_path(i)), expected(files[i]))
@@ -103,8 +103,19 @@ def test_disk_cache_val_interp_separate_folder(images):
     files, shapes = images
     c = ImageCache(files, shapes, 96, "disk", augment=False)
     c.fill()
-    assert c.folder.name == "s96_area"
+    assert c.folder.name == "s96_area_r"
     np.testing.assert_array_equal(c.load(1), expected(files[1], augment=False))
+
+
+def test_disk_cache_full_decode_separate_folder(images):
+    files, shapes = images
+    folders = set()
+    for augment in (True, False):
+        for reduced in (True, False):
+            c = ImageCache(files, shapes, 96, "disk", augment=augment, reduced_decode=reduced)
+            assert "4 written, 0 reused" in c.fill()
+            folders.add(c.folder)
+    assert {f.name for f in folders} == {"s96_linear", "s96_linear_r", "s96_area", "s96_area_r"}
 
 
 def test_disk_cache_read_only_dataset_uses_user_cache(images, tmp_path, monkeypatch):

@@ -4,12 +4,17 @@ Both caches store the image already resized so that its long side equals ``imgsz
 a cache hit skips both the JPEG decode and the resize. The bytes needed are known exactly from the label
 scan's shapes, so the up-front fit check needs no sampling.
 
+With ``reduced_decode`` (the default), a JPEG at least twice ``imgsz`` on its long side is decoded at 1/2, 1/4 or
+1/8 scale (:func:`~yolo5l.data.images.read_image_reduced`) and then resized to the same shape as a full decode
+would give, so labels (normalised) and the shape checks below hold either way.
+
 - ``ram``: filled by a thread pool for the given indices (under DDP, the rank's shard only). Falls back to no
   cache, with a message, when ``need * HEADROOM > available`` (psutil's available memory).
-- ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>`` folder beside
-  the images; when that is read-only, ``<user cache>/npy/<hash>``, see
-  :func:`~yolo5l.data.layout.user_cache_dir`). A file that is unreadable, of the wrong shape or dtype, or older
-  than its image is rebuilt. Falls back to no cache when the free space is short (same ``HEADROOM``).
+- ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>[_r]`` folder
+  beside the images, ``_r`` for reduced decoding, so the pixels of the two decodes never mix; when that is
+  read-only, ``<user cache>/npy/<hash>``, see :func:`~yolo5l.data.layout.user_cache_dir`). A file that is
+  unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
+  free space is short (same ``HEADROOM``).
 
 Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX ``CacheDataset``.
 """
@@ -26,11 +31,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import cv2
 import numpy as np
 import psutil
 
 from yolo5l.data.augment import resize_long_side, resized_shape
-from yolo5l.data.images import read_image
+from yolo5l.data.images import read_image, read_image_reduced
 from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -42,8 +48,19 @@ _NPY_HEADER_BYTES = 128  # upper bound of one .npy file's header
 _GB = 1e9
 
 
-def _load_resized(path: str, imgsz: int, augment: bool) -> np.ndarray:
-    return resize_long_side(read_image(path), imgsz, augment)
+def _load_resized(path: str, imgsz: int, augment: bool, reduced: bool = True) -> np.ndarray:
+    """Image ``path`` resized to long side ``imgsz`` (see :func:`~yolo5l.data.augment.resize_long_side`), decoded
+    at reduced scale when ``reduced`` and the image allows it."""
+    if not reduced:
+        return resize_long_side(read_image(path), imgsz, augment)
+    img, (h0, w0) = read_image_reduced(path, imgsz)
+    if img.shape[:2] == (h0, w0):  # decoded in full
+        return resize_long_side(img, imgsz, augment)
+    # Decoded at 1/f: ceil(h0 / f) x ceil(w0 / f), long side >= imgsz, so this only shrinks. Resizing to the shape
+    # of the full image (not of the reduced one) keeps the result's shape exactly that of a full decode; when
+    # f does not divide a side, the partial last block stretches the image by under one output pixel at that edge.
+    h, w = resized_shape(h0, w0, imgsz)
+    return cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR if augment else cv2.INTER_AREA)
 
 
 class ImageCache:
@@ -58,6 +75,7 @@ class ImageCache:
         cache_dir: Disk cache folder; default beside the images (see the module docstring).
         num_threads: Threads that fill the cache; default min(:data:`MAX_FILL_THREADS`, CPU cores).
         prefix: Prefix of the messages (e.g. "train: ").
+        reduced_decode: Decode large JPEGs at reduced scale (see the module docstring).
     """
 
     def __init__(
@@ -70,6 +88,7 @@ class ImageCache:
         cache_dir: str | os.PathLike | None = None,
         num_threads: int | None = None,
         prefix: str = "",
+        reduced_decode: bool = True,
     ) -> None:
         if mode not in CACHE_MODES:
             raise ValueError(f"data.cache must be one of {CACHE_MODES}, got {mode!r}")
@@ -77,6 +96,7 @@ class ImageCache:
         self.shapes = np.asarray(shapes)
         self.imgsz = int(imgsz)
         self.augment = augment
+        self.reduced_decode = reduced_decode
         self.requested = mode
         self.mode = mode
         self.num_threads = num_threads or min(MAX_FILL_THREADS, os.cpu_count() or 1)
@@ -114,7 +134,7 @@ class ImageCache:
 
     def _choose_folder(self) -> Path:
         self._image_root = Path(os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in self.im_files]))
-        tag = f"s{self.imgsz}_{self._interp}"
+        tag = f"s{self.imgsz}_{self._interp}" + ("_r" if self.reduced_decode else "")
         preferred = (
             (self._cache_dir / tag)
             if self._cache_dir
@@ -186,8 +206,11 @@ class ImageCache:
         with ThreadPoolExecutor(self.num_threads) as pool:
             list(pool.map(fn, indices))
 
+    def _decode(self, i: int) -> np.ndarray:
+        return _load_resized(self.im_files[i], self.imgsz, self.augment, self.reduced_decode)
+
     def _fill_ram(self, i: int) -> None:
-        self.ram[i] = _load_resized(self.im_files[i], self.imgsz, self.augment)
+        self.ram[i] = self._decode(i)
 
     def _npy_valid(self, i: int) -> bool:
         """Whether image ``i``'s .npy exists, is newer than the image, and holds the right shape and dtype."""
@@ -205,7 +228,7 @@ class ImageCache:
             self._write_npy(i)
 
     def _write_npy(self, i: int) -> np.ndarray:
-        img = _load_resized(self.im_files[i], self.imgsz, self.augment)
+        img = self._decode(i)
         if self._disk_warned:
             # A write already failed (full disk, quota, file-size limit): a full disk stays full for this run, and
             # trying again would create and delete a temporary file for every image of every step.
@@ -251,4 +274,4 @@ class ImageCache:
             except (OSError, ValueError, EOFError):
                 pass
             return self._write_npy(i)  # corrupt or removed since fill(): rebuild it
-        return _load_resized(self.im_files[i], self.imgsz, self.augment)
+        return self._decode(i)

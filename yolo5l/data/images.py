@@ -1,5 +1,10 @@
 """Image reading: any accepted image file as 8-bit RGB, EXIF orientation applied.
 
+:func:`read_image` decodes in full. :func:`read_image_reduced` serves a consumer that will shrink the image to a
+known long side anyway (the image cache): a JPEG at least twice that size is decoded at 1/2, 1/4 or 1/8 scale
+through libjpeg's DCT scaling, which skips most of the inverse DCT, upsampling and colour conversion work and
+averages each block as an anti-aliased downscale would.
+
 Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py::LoadImagesAndLabels.load_image`` and ``exif_size``
 (behaviour); yolo5l returns RGB where ultralytics returns BGR.
 """
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 
 import cv2
 import numpy as np
@@ -15,12 +21,19 @@ from PIL import Image, ImageOps
 
 from yolo5l.data.layout import DatasetError
 
-__all__ = ["ImageReadError", "exif_hw", "read_image"]
+__all__ = ["DCT_SCALES", "ImageReadError", "dct_scale", "exif_hw", "read_image", "read_image_reduced"]
 
+DCT_SCALES = (8, 4, 2)  # the libjpeg scale denominators that OpenCV's IMREAD_REDUCED_COLOR_* modes reach
+_REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
+_JPEG_SOI = b"\xff\xd8\xff"  # start-of-image marker and the first byte of the next marker
+_JPEG_FORMATS = ("JPEG", "MPO")  # PIL's names of baseline/progressive JPEG and of multi-picture JPEG
 _EXIF_ORIENTATION = 0x0112  # the EXIF tag
 _ROTATED_90 = (5, 6, 7, 8)  # orientations that turn the image by 90 degrees (swap height and width)
 _PIL_16BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
 _U8_MAX = 255.0
+_PNG_SIGNATURE_BYTES = 8
+_PNG_CHUNK_HEAD = struct.Struct(">I4s")  # length, type; the data and a 4-byte CRC follow
+_PNG_CRC_BYTES = 4
 
 
 class ImageReadError(DatasetError):
@@ -66,10 +79,96 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
         raise ImageReadError(f"Image {path} cannot be decoded ({type(e).__name__}: {e}); remove or replace it.") from e
 
 
+def dct_scale(h0: int, w0: int, min_long_side: int) -> int:
+    """The largest f of :data:`DCT_SCALES` with ``max(h0, w0) / f >= min_long_side``, or 1 when even f = 2 is too
+    much (the image is smaller than twice ``min_long_side``)."""
+    return next((f for f in DCT_SCALES if max(h0, w0) / f >= min_long_side), 1)
+
+
+def _jpeg_hw(path: str) -> tuple[int, int] | None:
+    """(h, w) after EXIF orientation of a JPEG file from its header, or None when the file is not a JPEG."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(_JPEG_SOI)) != _JPEG_SOI:
+                return None
+            f.seek(0)
+            with Image.open(f) as im:
+                return exif_hw(im) if im.format in _JPEG_FORMATS else None
+    except Exception:
+        return None
+
+
+def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """Read an image as RGB uint8 (h, w, 3), EXIF orientation applied, decoded no larger than a consumer that
+    shrinks it to long side ``min_long_side`` needs.
+
+    A JPEG (by its first bytes and its header, whatever its name) of long side at least ``2 * min_long_side`` is
+    decoded at 1/f scale by libjpeg (f = :func:`dct_scale`), which gives ``ceil(h0 / f) x ceil(w0 / f)``: still
+    at least ``min_long_side`` on the long side, so the consumer only ever shrinks it. Everything else (other
+    formats, small JPEGs) and any failure of the reduced decode is :func:`read_image`, unchanged. OpenCV's reduced
+    modes on a non-JPEG would decode in full and then subsample without filtering, hence the format check.
+
+    Args:
+        path: Image file.
+        min_long_side: The long side the consumer resizes to.
+
+    Returns:
+        ``(image, (h0, w0))``: the image, and the full-size (h, w) after EXIF orientation, which equals the
+        image's shape when it was decoded in full.
+
+    Raises:
+        ImageReadError: The file is missing or cannot be decoded.
+    """
+    path = os.fspath(path)
+    hw = _jpeg_hw(path)
+    if hw is not None:
+        h0, w0 = hw
+        f = dct_scale(h0, w0, min_long_side)
+        if f > 1:
+            im = cv2.imread(path, _REDUCED_FLAGS[f])  # BGR; OpenCV applies the EXIF orientation here too
+            # The shape check catches a header that disagrees with the decoder (size or orientation).
+            if im is not None and im.shape == (-(-h0 // f), -(-w0 // f), 3):
+                return cv2.cvtColor(im, cv2.COLOR_BGR2RGB), (h0, w0)
+    im = read_image(path)
+    return im, (im.shape[0], im.shape[1])
+
+
+def _png_orientation_after_idat(im: Image.Image) -> int | None:
+    """The EXIF orientation in a PNG's eXIf chunk that follows the image data, or None when there is none; read by
+    walking the chunk headers of the file (the image data is skipped, never inflated)."""
+    path = getattr(im, "filename", None)
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        f.seek(_PNG_SIGNATURE_BYTES)
+        while len(head := f.read(_PNG_CHUNK_HEAD.size)) == _PNG_CHUNK_HEAD.size:
+            length, kind = _PNG_CHUNK_HEAD.unpack(head)
+            if kind == b"IEND":
+                break
+            if kind == b"eXIf":
+                exif = Image.Exif()
+                exif.load(f.read(length))
+                return exif.get(_EXIF_ORIENTATION)
+            f.seek(length + _PNG_CRC_BYTES, os.SEEK_CUR)
+    return None
+
+
 def exif_hw(im: Image.Image) -> tuple[int, int]:
-    """(height, width) of an open PIL image once its EXIF orientation is applied (from the header only)."""
+    """(height, width) of an open PIL image once its EXIF orientation is applied (from the header only).
+
+    PIL's ``PngImageFile.getexif`` decodes the whole image when no eXIf chunk precedes the image data, to find one
+    that follows it (OpenCV applies that one too). Here such a chunk is looked up by walking the chunk headers, and
+    without one the base ``Image.getexif`` reads what the chunks before the image data hold.
+    """
     w, h = im.size
     with contextlib.suppress(Exception):
-        if im.getexif().get(_EXIF_ORIENTATION, 1) in _ROTATED_90:
+        orientation = None
+        if im.format == "PNG" and "exif" not in im.info:
+            orientation = _png_orientation_after_idat(im)
+            if orientation is None:
+                orientation = Image.Image.getexif(im).get(_EXIF_ORIENTATION)
+        else:
+            orientation = im.getexif().get(_EXIF_ORIENTATION)
+        if orientation in _ROTATED_90:
             return w, h
     return h, w

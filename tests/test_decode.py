@@ -1,0 +1,260 @@
+"""Reduced-scale JPEG decoding for the image cache: pixels close to a full decode, labels and shapes untouched,
+EXIF orientation kept, other formats and small JPEGs unchanged, and a label scan that decodes no pixels."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import PIL.ImageFile
+import pytest
+import torch
+from PIL import Image
+
+from yolo5l.data import images as images_mod
+from yolo5l.data.augment import resize_long_side
+from yolo5l.data.cache import _load_resized
+from yolo5l.data.dataset import YOLODataset
+from yolo5l.data.images import dct_scale, read_image, read_image_reduced
+from yolo5l.data.label_check import MISSING, verify_image_label
+from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.layout import format_labels
+from yolo5l.data.synthetic import NAMES, render_sample
+
+_ORIENTATION = 0x0112
+_REDUCED_FLAGS = {cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_COLOR_4, cv2.IMREAD_REDUCED_COLOR_8}
+
+
+def write_jpeg(path: Path, rgb: np.ndarray, quality: int = 90) -> Path:
+    ok, buf = cv2.imencode(".jpg", rgb[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    path.write_bytes(buf.tobytes())
+    return path
+
+
+def mad(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean absolute difference in grey levels."""
+    return float(np.abs(a.astype(np.int16) - b).mean())
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    return float(10 * np.log10(255**2 / ((a.astype(np.float64) - b) ** 2).mean()))
+
+
+@pytest.fixture(scope="module")
+def camera_jpeg(tmp_path_factory) -> Path:
+    """A noisy camera-sized JPEG whose sides 8 does not divide (the reduced image has a partial last block)."""
+    img, _, _ = render_sample(np.random.default_rng(0), 1799, 2401)
+    return write_jpeg(tmp_path_factory.mktemp("camera") / "camera.jpg", img)
+
+
+@pytest.fixture
+def decoder_calls(monkeypatch) -> list:
+    """Records the flags of every cv2.imread call made by yolo5l.data.images."""
+    calls, real = [], cv2.imread
+
+    def imread(path, flags=cv2.IMREAD_COLOR):
+        calls.append(flags)
+        return real(path, flags)
+
+    monkeypatch.setattr(images_mod.cv2, "imread", imread)
+    return calls
+
+
+def test_dct_scale_keeps_the_target_size():
+    assert dct_scale(3000, 4000, 320) == 8
+    assert dct_scale(3000, 4000, 640) == 4
+    assert dct_scale(3000, 4000, 1280) == 2
+    assert dct_scale(4000, 3000, 640) == 4  # the long side, whichever it is
+    assert dct_scale(1799, 2401, 320) == 4  # 2401 / 8 < 320
+    assert dct_scale(1000, 1280, 640) == 2  # exactly twice
+    assert dct_scale(1000, 1279, 640) == 1  # under twice: a full decode
+
+
+@pytest.mark.parametrize("imgsz", [320, 640])
+@pytest.mark.parametrize("augment", [True, False], ids=["linear", "area"])
+def test_reduced_decode_pixel_error(camera_jpeg, imgsz, augment, decoder_calls):
+    """A = reduced decode + resize, B = full decode + resize (the path without reduced decoding), R = full decode +
+    INTER_AREA (an anti-aliased downscale), L = full decode + INTER_LINEAR."""
+    full = read_image(camera_jpeg)
+    reduced, hw = read_image_reduced(camera_jpeg, imgsz)
+    f = dct_scale(*hw, imgsz)
+    assert hw == full.shape[:2]
+    assert reduced.shape == (math.ceil(hw[0] / f), math.ceil(hw[1] / f), 3)  # decoded at 1/f
+    assert max(reduced.shape) >= imgsz  # so the resize only shrinks
+    assert set(decoder_calls) & _REDUCED_FLAGS
+
+    A = _load_resized(str(camera_jpeg), imgsz, augment)
+    B = _load_resized(str(camera_jpeg), imgsz, augment, reduced=False)
+    np.testing.assert_array_equal(B, resize_long_side(full, imgsz, augment))
+    assert A.shape == B.shape
+    assert A.dtype == B.dtype == np.uint8
+    R = cv2.resize(full, B.shape[1::-1], interpolation=cv2.INTER_AREA)
+    L = cv2.resize(full, B.shape[1::-1], interpolation=cv2.INTER_LINEAR)
+    # A is close to the anti-aliased downscale: measured mean 0.65-1.6 grey levels, PSNR 41-49 dB
+    assert mad(A, R) < 2.0
+    assert psnr(A, R) > 38
+    if augment:
+        # B is INTER_LINEAR from the full size, which aliases on this pixel noise (mean 3.7-4.1 from R): A, shrunk
+        # mostly by libjpeg's block averaging, is nearer the anti-aliased result than B, and the same picture.
+        assert mad(A, R) < mad(B, R) / 2
+        assert psnr(A, B) > 30  # measured 33.9-34.7 dB
+    else:
+        # B is R: the difference stays far below the gap between the two interpolations (mean 3.7-4.1).
+        assert mad(A, B) < mad(L, R) / 3  # measured 0.65-0.94
+        assert psnr(A, B) > 40  # measured 46-49 dB
+
+
+def test_exif_orientation_6(tmp_path, decoder_calls):
+    stored, _, _ = render_sample(np.random.default_rng(1), 1200, 1600)
+    stored[:, :200] = 255  # a white band on the left of the stored pixels: on top once displayed
+    exif = Image.Exif()
+    exif[_ORIENTATION] = 6  # rotate 90 degrees clockwise to display
+    path = tmp_path / "rotated.jpg"
+    Image.fromarray(stored).save(path, quality=90, exif=exif.tobytes())
+
+    full = read_image(path)
+    assert full.shape == (1600, 1200, 3)
+    reduced, hw = read_image_reduced(path, 320)
+    assert hw == (1600, 1200)
+    assert reduced.shape == (400, 300, 3)  # 1/4, rotated
+    assert set(decoder_calls) & _REDUCED_FLAGS
+    assert reduced[:45].mean() > 245  # the band is on top
+    assert reduced[55:].mean() < 200
+    assert mad(reduced, cv2.resize(full, (300, 400), interpolation=cv2.INTER_AREA)) < 2.0
+
+    v = verify_image_label(str(path), len(NAMES))
+    assert v.shape == (1600, 1200)  # the label scan's shape, EXIF applied
+    for augment in (True, False):
+        a = _load_resized(str(path), 320, augment)
+        b = _load_resized(str(path), 320, augment, reduced=False)
+        assert a.shape == b.shape == (320, 240, 3)
+        assert mad(a, cv2.resize(full, (240, 320), interpolation=cv2.INTER_AREA)) < 2.0
+
+
+def test_png_and_small_jpeg_take_the_full_path(tmp_path, decoder_calls):
+    rng = np.random.default_rng(2)
+    big, _, _ = render_sample(rng, 1000, 1400)
+    small, _, _ = render_sample(rng, 500, 600)
+    cv2.imwrite(str(tmp_path / "big.png"), big[..., ::-1])
+    (tmp_path / "png_named.jpg").write_bytes(cv2.imencode(".png", big[..., ::-1])[1].tobytes())
+    write_jpeg(tmp_path / "small.jpg", small)  # 600 < 2 x 320
+    for name in ("big.png", "png_named.jpg", "small.jpg"):
+        path = tmp_path / name
+        img, hw = read_image_reduced(path, 320)
+        np.testing.assert_array_equal(img, read_image(path))
+        assert hw == img.shape[:2]
+        for augment in (True, False):
+            np.testing.assert_array_equal(
+                _load_resized(str(path), 320, augment), resize_long_side(read_image(path), 320, augment)
+            )
+    assert not set(decoder_calls) & _REDUCED_FLAGS
+
+
+def test_reduced_decode_falls_back_on_a_bad_jpeg(tmp_path):
+    img, _, _ = render_sample(np.random.default_rng(3), 900, 1300)
+    data = write_jpeg(tmp_path / "ok.jpg", img).read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[:600])  # the header survives, the entropy-coded data does not
+    with pytest.raises(images_mod.ImageReadError, match=r"cut\.jpg"):
+        read_image_reduced(tmp_path / "cut.jpg", 320)
+    with pytest.raises(images_mod.ImageReadError, match=r"missing\.jpg not found"):
+        read_image_reduced(tmp_path / "missing.jpg", 320)
+
+
+def _camera_dataset(root: Path) -> list[str]:
+    """Camera-sized JPEGs (landscape, portrait, not multiples of 8), a small JPEG and a PNG, with labels."""
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    sizes = [(1200, 1600, "jpg"), (1603, 1201, "jpg"), (900, 1300, "jpg"), (400, 500, "jpg"), (700, 900, "png")]
+    files = []
+    for i, (h, w, ext) in enumerate(sizes):
+        img, labels, _ = render_sample(np.random.default_rng([4, i]), h, w)
+        path = root / "images" / "train" / f"im{i}.{ext}"
+        if ext == "jpg":
+            write_jpeg(path, img)
+        else:
+            cv2.imwrite(str(path), img[..., ::-1])
+        (root / "labels" / "train" / f"im{i}.txt").write_text(format_labels(labels.tolist()))
+        files.append(str(path))
+    return files
+
+
+def _dataset(index, augment: bool, reduced: bool) -> YOLODataset:
+    ds = YOLODataset(index, imgsz=320, augment=augment, batch_size=2)
+    ds.cache.reduced_decode = reduced
+    return ds
+
+
+def test_labels_and_shapes_do_not_depend_on_reduced_decode(tmp_path):
+    files = _camera_dataset(tmp_path / "ds")
+    index = scan_labels(files, len(NAMES), tmp_path / "ds" / "labels" / "train.cache")
+    assert len(index.im_files) == len(files)
+    for augment in (True, False):
+        on, off = _dataset(index, augment, True), _dataset(index, augment, False)
+        np.testing.assert_array_equal(on.shapes, off.shapes)
+        assert on.im_files == off.im_files
+        for a, b in zip(on.labels, off.labels, strict=True):
+            np.testing.assert_array_equal(a, b)
+        differ = 0
+        for i in range(len(on)):
+            img_on, hw0_on, hw_on = on.load_image(i)
+            img_off, hw0_off, hw_off = off.load_image(i)
+            assert (img_on.shape, hw0_on, hw_on) == (img_off.shape, hw0_off, hw_off)
+            assert max(hw_on) == 320
+            differ += not np.array_equal(img_on, img_off)
+            key = (0, 3, 0) if augment else None
+            item_on = on[(i, True, key)] if augment else on[i]
+            item_off = off[(i, True, key)] if augment else off[i]
+            assert item_on[0].shape == item_off[0].shape
+            torch.testing.assert_close(item_on[1], item_off[1], rtol=0, atol=0)
+            assert item_on[2:] == item_off[2:]
+            if augment:  # the letterbox path too, not only mosaics
+                single_on, single_off = on[(i, False, key)], off[(i, False, key)]
+                torch.testing.assert_close(single_on[1], single_off[1], rtol=0, atol=0)
+                assert single_on[3] == single_off[3]
+        assert differ == 3  # the three large JPEGs were decoded at reduced scale; the small one and the PNG not
+
+
+def test_label_scan_reads_headers_only(tmp_path, monkeypatch):
+    rng = np.random.default_rng(5)
+    img = rng.integers(0, 255, (60, 100, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[_ORIENTATION] = 6
+    Image.fromarray(img).save(tmp_path / "plain.jpg", quality=90)
+    Image.fromarray(img).save(tmp_path / "exif.jpg", quality=90, exif=exif.tobytes())
+    Image.fromarray(img).save(tmp_path / "plain.png")
+    Image.fromarray(img).save(tmp_path / "exif.png", exif=exif.tobytes())  # eXIf before the image data
+    Image.fromarray(img).convert("P", palette=Image.Palette.ADAPTIVE).save(tmp_path / "palette.png")
+    # eXIf after the image data (allowed by the PNG spec; OpenCV applies it): move the chunk behind the IDATs
+    data = (tmp_path / "exif.png").read_bytes()
+    chunks, pos = [], 8
+    while pos < len(data):
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        chunks.append(data[pos : pos + 12 + n])
+        pos += 12 + n
+    exif_chunk = next(c for c in chunks if c[4:8] == b"eXIf")
+    rest = [c for c in chunks if c is not exif_chunk]
+    (tmp_path / "late_exif.png").write_bytes(data[:8] + b"".join(rest[:-1]) + exif_chunk + rest[-1])
+    assert cv2.imread(str(tmp_path / "late_exif.png")).shape[:2] == (100, 60)
+
+    calls: list[str] = []
+
+    def counted(name, real):
+        def fn(*a, **k):
+            calls.append(name)
+            return real(*a, **k)
+
+        return fn
+
+    monkeypatch.setattr(cv2, "imread", counted("cv2.imread", cv2.imread))
+    monkeypatch.setattr(cv2, "imdecode", counted("cv2.imdecode", cv2.imdecode))
+    monkeypatch.setattr(PIL.ImageFile.ImageFile, "load", counted("ImageFile.load", PIL.ImageFile.ImageFile.load))
+    expected = {"plain.jpg": (60, 100), "exif.jpg": (100, 60), "plain.png": (60, 100), "exif.png": (100, 60)}
+    expected |= {"palette.png": (60, 100), "late_exif.png": (100, 60)}
+    for name, shape in expected.items():
+        v = verify_image_label(str(tmp_path / name), len(NAMES))
+        assert v.kind == MISSING, v.messages  # kept, as a background: no label file
+        assert v.shape == shape, name
+    assert calls == []
