@@ -1,7 +1,9 @@
-"""Image cache: RAM fill and fallback, disk .npy reuse, rebuild of corrupt/stale files, read-only folders."""
+"""Image cache: RAM fill and fallback, disk .npy reuse, rebuild of corrupt/stale/truncated files, read-only
+folders, memory-mapped reads that give the same items as no cache."""
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,12 +11,16 @@ from types import SimpleNamespace
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from yolo5l.data import cache as cache_mod
 from yolo5l.data import layout
 from yolo5l.data.augment import resize_long_side
 from yolo5l.data.cache import ImageCache
+from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.images import read_image
+from yolo5l.data.label_scan import LabelIndex, ScanReport
+from yolo5l.data.synthetic import render_sample
 
 
 @pytest.fixture
@@ -118,6 +124,33 @@ def test_disk_cache_full_decode_separate_folder(images):
     assert {f.name for f in folders} == {"s96_linear", "s96_linear_r", "s96_area", "s96_area_r"}
 
 
+def test_disk_cache_load_is_a_read_only_memory_map(images):
+    files, shapes = images
+    c = ImageCache(files, shapes, 96, "disk")
+    c.fill()
+    img = c.load(1)
+    assert isinstance(img, np.memmap)
+    assert isinstance(img.base, mmap.mmap)  # the file's pages, not a private copy
+    assert not img.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        img[0, 0, 0] = 1
+    np.testing.assert_array_equal(img, expected(files[1]))
+
+
+def test_disk_cache_load_rebuilds_truncated_file(images):
+    files, shapes = images
+    c = ImageCache(files, shapes, 96, "disk")
+    c.fill()
+    p = c.npy_path(2)
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])  # a valid header, half the pixels
+    np.testing.assert_array_equal(c.load(2), expected(files[2]))
+    assert p.read_bytes() == data  # rewritten in full
+    p.write_bytes(data[: len(data) // 2])
+    assert "1 written, 3 reused" in ImageCache(files, shapes, 96, "disk").fill()  # fill's check sees it too
+    assert p.read_bytes() == data
+
+
 def test_disk_cache_read_only_dataset_uses_user_cache(images, tmp_path, monkeypatch):
     files, shapes = images
     ds_root = Path(files[0]).parents[2]
@@ -164,3 +197,43 @@ def test_disk_cache_falls_back_when_disk_is_full(images, monkeypatch):
 def test_bad_mode():
     with pytest.raises(ValueError, match=r"data\.cache"):
         ImageCache([], np.zeros((0, 2)), 64, "gpu")
+
+
+@pytest.fixture
+def camera_index(tmp_path) -> LabelIndex:
+    """JPEGs large enough for reduced decoding at 128 px (and one too small for it) and a PNG, with labels."""
+    folder = tmp_path / "ds" / "images" / "train"
+    folder.mkdir(parents=True)
+    files, labels, shapes = [], [], []
+    for i, (h, w, ext) in enumerate([(390, 520, "jpg"), (610, 300, "jpg"), (200, 250, "jpg"), (300, 280, "png")]):
+        img, lab, _ = render_sample(np.random.default_rng([7, i]), h, w)
+        p = folder / f"im{i}.{ext}"
+        cv2.imwrite(str(p), img[..., ::-1])
+        files.append(str(p))
+        labels.append(lab)
+        shapes.append((h, w))
+    return LabelIndex(files, labels, np.array(shapes), ScanReport())
+
+
+@pytest.mark.parametrize("reduced", [True, False], ids=["reduced", "full"])
+@pytest.mark.filterwarnings("error:.*not writable")  # torch.from_numpy of a read-only array: a missing copy
+def test_disk_cached_items_equal_uncached(camera_index, tmp_path, reduced):
+    for augment in (True, False):
+        datasets = []
+        for cache in ("none", "disk"):
+            ds = YOLODataset(
+                camera_index, imgsz=128, augment=augment, batch_size=2, cache=cache, cache_dir=tmp_path / "npy"
+            )
+            ds.cache.reduced_decode = reduced
+            ds.fill_cache()
+            datasets.append(ds)
+        uncached, cached = datasets
+        assert cached.cache.mode == "disk"
+        assert isinstance(cached.load_image(0)[0], np.memmap)
+        for i in range(len(uncached)):
+            items = [(i, True, (0, 2, 0)), (i, False, (0, 2, 0))] if augment else [i]
+            for item in items:
+                a, b = uncached[item], cached[item]
+                torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+                torch.testing.assert_close(a[1], b[1], rtol=0, atol=0)
+                assert a[2:] == b[2:]

@@ -14,7 +14,8 @@ would give, so labels (normalised) and the shape checks below hold either way.
   beside the images, ``_r`` for reduced decoding, so the pixels of the two decodes never mix; when that is
   read-only, ``<user cache>/npy/<hash>``, see :func:`~yolo5l.data.layout.user_cache_dir`). A file that is
   unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
-  free space is short (same ``HEADROOM``).
+  free space is short (same ``HEADROOM``). Files are read as read-only memory maps: every dataloader worker and
+  every DDP rank of a node then shares the page cache's one copy of an image instead of holding its own.
 
 Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX ``CacheDataset``.
 """
@@ -260,7 +261,12 @@ class ImageCache:
 
     # ----------------------------------------------------------------------------------------- load
     def load(self, i: int) -> np.ndarray:
-        """The resized RGB uint8 HWC image ``i`` (from RAM, from its .npy, or decoded)."""
+        """The resized RGB uint8 HWC image ``i`` (from RAM, from its .npy, or decoded); never to be modified.
+
+        In disk mode the image is a read-only ``np.memmap`` of its .npy file: the pages are read on first access
+        and shared through the page cache. The files are only ever replaced whole (see :meth:`_write_npy`), so a
+        mapping stays valid while the array lives.
+        """
         if self.mode == "ram":
             img = self.ram[i]
             if img is not None:
@@ -268,10 +274,10 @@ class ImageCache:
         elif self.mode == "disk":
             p = self.npy_path(i)
             try:
-                img = np.load(p)
+                img = np.load(p, mmap_mode="r")
                 if img.dtype == np.uint8 and img.shape == (*self.resized_hw(i), 3):
                     return img
-            except (OSError, ValueError, EOFError):
+            except (OSError, ValueError, EOFError):  # a truncated file's mapping fails here (ValueError)
                 pass
             return self._write_npy(i)  # corrupt or removed since fill(): rebuild it
         return self._decode(i)
