@@ -106,7 +106,7 @@ def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.
     decoded at 1/f scale by libjpeg (f = :func:`dct_scale`), which gives ``ceil(h0 / f) x ceil(w0 / f)``: still
     at least ``min_long_side`` on the long side, so the consumer only ever shrinks it. Everything else (other
     formats, small JPEGs) and any failure of the reduced decode is :func:`read_image`, unchanged. OpenCV's reduced
-    modes on a non-JPEG would decode in full and then subsample without filtering, hence the format check.
+    modes on a non-JPEG would decode in full and then shrink with a cheap filter, hence the format check.
 
     Args:
         path: Image file.
