@@ -31,12 +31,22 @@ _MIXUP_BETA = 32.0  # mixup ratio r ~ Beta(_MIXUP_BETA, _MIXUP_BETA), as YOLOv5
 _PASTE_MAX_IOA = 0.30  # copy-paste skips a box whose mirror covers this much of an existing box
 
 Rng = np.random.Generator
+# Where a mosaic image lands: (canvas rectangle x1a, y1a, x2a, y2a), (image rectangle x1b, y1b, x2b, y2b)
+Placement = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
 
 
 def _rng(rng: Rng | None) -> Any:
     """``rng``, or the global ``np.random`` module (only the methods both share are used: uniform, beta, random,
     choice, permutation)."""
     return np.random if rng is None else rng
+
+
+def _affine_bounds(m: Sequence[Sequence[float]], x1: float, y1: float, x2: float, y2: float) -> tuple[int, ...]:
+    """(floor x, floor y, ceil x, ceil y) bounds of the rectangle [x1, x2] x [y1, y2] mapped by the 2x3 affine ``m``."""
+    (a, b, c), (d, e, f) = m
+    xs = (a * x1 + b * y1 + c, a * x2 + b * y1 + c, a * x1 + b * y2 + c, a * x2 + b * y2 + c)
+    ys = (d * x1 + e * y1 + f, d * x2 + e * y1 + f, d * x1 + e * y2 + f, d * x2 + e * y2 + f)
+    return math.floor(min(xs)), math.floor(min(ys)), math.ceil(max(xs)), math.ceil(max(ys))
 
 
 # The augmentation keys of ultralytics/yolov5 v7.0 data/hyps/hyp.scratch-low.yaml: used when the hyp mapping lacks one.
@@ -147,6 +157,100 @@ def letterbox(
     return img, ratio, (float(left), float(top))
 
 
+def perspective_matrix(
+    shape_hw: tuple[int, int],
+    border: tuple[int, int] = (0, 0),
+    degrees: float = 0.0,
+    translate: float = 0.1,
+    scale: float = 0.5,
+    shear: float = 0.0,
+    perspective: float = 0.0,
+    rng: Rng | None = None,
+) -> tuple[np.ndarray, float]:
+    """The random 3x3 matrix M = T·S·R·P·C of :func:`random_perspective`, from input to output pixels.
+
+    Draws, in this order: the two perspective terms, the angle, the scale, the two shears, the two translations
+    (each even when its range is 0, so that the sequence of draws does not depend on the hyperparameters).
+
+    Args:
+        shape_hw: (h, w) of the input; the output is ``(h + 2 * border[0], w + 2 * border[1])``.
+        border: (y, x) pixels added to each side of the output (negative crops).
+        rng: Source of the draws (None: the global ``np.random``).
+
+    Returns:
+        ``(M, s)``: the matrix and the drawn scale (the box filter compares areas at that scale).
+    """
+    r = _rng(rng)
+    height = shape_hw[0] + border[0] * 2
+    width = shape_hw[1] + border[1] * 2
+    C = np.eye(3)  # move the input centre to the origin
+    C[0, 2] = -shape_hw[1] / 2
+    C[1, 2] = -shape_hw[0] / 2
+    P = np.eye(3)
+    P[2, 0] = r.uniform(-perspective, perspective)
+    P[2, 1] = r.uniform(-perspective, perspective)
+    R = np.eye(3)
+    a = r.uniform(-degrees, degrees)
+    s = r.uniform(1 - scale, 1 + scale)
+    R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s)
+    S = np.eye(3)
+    S[0, 1] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
+    S[1, 0] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
+    T = np.eye(3)
+    T[0, 2] = r.uniform(0.5 - translate, 0.5 + translate) * width
+    T[1, 2] = r.uniform(0.5 - translate, 0.5 + translate) * height
+    return T @ S @ R @ P @ C, s
+
+
+def warp_image(img: np.ndarray, M: np.ndarray, dsize: tuple[int, int], perspective: bool = False) -> np.ndarray:
+    """``cv2.warpAffine`` by ``M[:2]`` (``warpPerspective`` by ``M`` when ``perspective``) into ``dsize`` (w, h),
+    bilinear, with :data:`FILL` outside the input.
+
+    A 3-channel image is warped as RGBA and converted back: OpenCV's bilinear warp is much faster on 4 channels
+    than on 3, each channel is interpolated on its own with the same weights (so the colours come out identical),
+    and the two conversions are cheap memory passes.
+    """
+    rgba = img.ndim == 3 and img.shape[2] == 3
+    src = cv2.cvtColor(img, cv2.COLOR_RGB2RGBA) if rgba else img
+    fill = (FILL,) * 4
+    if perspective:
+        out = cv2.warpPerspective(src, M, dsize=dsize, borderValue=fill)
+    else:
+        out = cv2.warpAffine(src, M[:2], dsize=dsize, borderValue=fill)
+    return cv2.cvtColor(out, cv2.COLOR_RGBA2RGB) if rgba else out
+
+
+def warp_boxes(
+    labels: np.ndarray, M: np.ndarray, s: float, width: int, height: int, perspective: bool = False
+) -> np.ndarray:
+    """Boxes through ``M``: the bounding box of their 4 moved corners, clipped to the (width, height) output,
+    filtered by :func:`box_candidates` against the input boxes at scale ``s``.
+
+    Args:
+        labels: (n, 5) [cls, x1, y1, x2, y2] input pixels.
+        M: 3x3 input-to-output matrix (:func:`perspective_matrix`).
+        perspective: Divide by the homogeneous coordinate.
+
+    Returns:
+        The surviving (m, 5) float32 labels in output pixels.
+    """
+    n = len(labels)
+    if n:
+        xy = np.ones((n * 4, 3))
+        xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # x1y1, x2y2, x1y2, x2y1
+        xy = xy @ M.T
+        xy = xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]
+        xy = xy.reshape(n, 8)
+        x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
+        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
+        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
+        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
+        keep = box_candidates(labels[:, 1:5].T * s, new.T)
+        labels = labels[keep]
+        labels[:, 1:5] = new[keep]
+    return labels.astype(np.float32, copy=False)
+
+
 def random_perspective(
     img: np.ndarray,
     labels: np.ndarray,
@@ -168,77 +272,32 @@ def random_perspective(
         rng: Source of the draws (None: the global ``np.random``).
 
     Returns:
-        The warped image and the surviving labels, clipped to the output.
+        The warped image (``img`` itself when M is the identity and there is no border) and the surviving
+        labels, clipped to the output.
 
     Reference: YOLOv5 utils/augmentations.py random_perspective.
     """
-    r = _rng(rng)
+    M, s = perspective_matrix(img.shape[:2], border, degrees, translate, scale, shear, perspective, rng)
     height = img.shape[0] + border[0] * 2
     width = img.shape[1] + border[1] * 2
-
-    C = np.eye(3)  # move the input centre to the origin
-    C[0, 2] = -img.shape[1] / 2
-    C[1, 2] = -img.shape[0] / 2
-    P = np.eye(3)
-    P[2, 0] = r.uniform(-perspective, perspective)
-    P[2, 1] = r.uniform(-perspective, perspective)
-    R = np.eye(3)
-    a = r.uniform(-degrees, degrees)
-    s = r.uniform(1 - scale, 1 + scale)
-    R[:2] = cv2.getRotationMatrix2D(center=(0, 0), angle=a, scale=s)
-    S = np.eye(3)
-    S[0, 1] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
-    S[1, 0] = math.tan(r.uniform(-shear, shear) * math.pi / 180)
-    T = np.eye(3)
-    T[0, 2] = r.uniform(0.5 - translate, 0.5 + translate) * width
-    T[1, 2] = r.uniform(0.5 - translate, 0.5 + translate) * height
-    M = T @ S @ R @ P @ C
-
     if border[0] != 0 or border[1] != 0 or (np.eye(3) != M).any():
-        fill = (FILL, FILL, FILL)
-        if perspective:
-            img = cv2.warpPerspective(img, M, dsize=(width, height), borderValue=fill)
-        else:
-            img = cv2.warpAffine(img, M[:2], dsize=(width, height), borderValue=fill)
-
-    n = len(labels)
-    if n:
-        xy = np.ones((n * 4, 3))
-        xy[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(n * 4, 2)  # x1y1, x2y2, x1y2, x2y1
-        xy = xy @ M.T
-        xy = xy[:, :2] / xy[:, 2:3] if perspective else xy[:, :2]
-        xy = xy.reshape(n, 8)
-        x, y = xy[:, [0, 2, 4, 6]], xy[:, [1, 3, 5, 7]]
-        new = np.stack([x.min(1), y.min(1), x.max(1), y.max(1)], 1)
-        new[:, [0, 2]] = new[:, [0, 2]].clip(0, width)
-        new[:, [1, 3]] = new[:, [1, 3]].clip(0, height)
-        keep = box_candidates(labels[:, 1:5].T * s, new.T)
-        labels = labels[keep]
-        labels[:, 1:5] = new[keep]
-    return img, labels.astype(np.float32, copy=False)
+        img = warp_image(img, M, (width, height), perspective=bool(perspective))
+    return img, warp_boxes(labels, M, s, width, height, perspective=bool(perspective))
 
 
-def mosaic4(
-    images: Sequence[np.ndarray], labels: Sequence[np.ndarray], s: int, center: tuple[int, int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Place 4 images around ``center`` on a 2s x 2s canvas filled with :data:`FILL`.
+def mosaic4_layout(shapes_hw: Sequence[tuple[int, int]], s: int, center: tuple[int, int]) -> list[Placement]:
+    """Where :func:`mosaic4` puts 4 images of sizes ``shapes_hw`` around ``center`` on its 2s x 2s canvas.
 
     Image 0 ends at the centre from the top-left, 1 starts there towards the top-right, 2 towards the
     bottom-left, 3 towards the bottom-right; each is cut where it leaves the canvas.
 
-    Args:
-        images: 4 HWC uint8 images (long side <= s usually).
-        labels: 4 arrays (n_i, 5) [cls, cx, cy, w, h] normalised to their own image.
-        center: (xc, yc) in canvas pixels.
-
     Returns:
-        The canvas and the (n, 5) [cls, x1, y1, x2, y2] labels in canvas pixels, clipped to [0, 2s].
+        Per image ``((x1a, y1a, x2a, y2a), (x1b, y1b, x2b, y2b))``: the canvas rectangle it covers and the
+        rectangle of the image (same size) that lands there.
     """
     xc, yc = center
-    canvas = np.full((2 * s, 2 * s, images[0].shape[2]), FILL, dtype=np.uint8)
     out = []
-    for i, (img, lab) in enumerate(zip(images, labels, strict=True)):
-        h, w = img.shape[:2]
+    for i, (h, w) in enumerate(shapes_hw):
         if i == 0:
             x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
             x1b, y1b, x2b, y2b = w - (x2a - x1a), h - (y2a - y1a), w, h
@@ -251,14 +310,137 @@ def mosaic4(
         else:
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, 2 * s), min(2 * s, yc + h)
             x1b, y1b, x2b, y2b = 0, 0, min(w, x2a - x1a), min(y2a - y1a, h)
-        canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
-        padw, padh = x1a - x1b, y1a - y1b  # offset of this image's origin on the canvas
-        if len(lab):
-            box = xywhn_to_xyxy(lab[:, 1:5], w, h, padw, padh)
+        out.append(((x1a, y1a, x2a, y2a), (x1b, y1b, x2b, y2b)))
+    return out
+
+
+def mosaic4_labels(
+    labels: Sequence[np.ndarray], shapes_hw: Sequence[tuple[int, int]], layout: Sequence[Placement], s: int
+) -> np.ndarray:
+    """The labels of the 4 placed images in canvas pixels: (n, 5) [cls, x1, y1, x2, y2] clipped to [0, 2s].
+
+    Args:
+        labels: 4 arrays (n_i, 5) [cls, cx, cy, w, h] normalised to their own image.
+        shapes_hw: The images' (h, w).
+        layout: :func:`mosaic4_layout` of them.
+    """
+    out = []
+    for lab, (h, w), ((x1a, y1a, _, _), (x1b, y1b, _, _)) in zip(labels, shapes_hw, layout, strict=True):
+        if len(lab):  # the image's origin lands at (x1a - x1b, y1a - y1b) on the canvas
+            box = xywhn_to_xyxy(lab[:, 1:5], w, h, x1a - x1b, y1a - y1b)
             out.append(np.concatenate([lab[:, :1], box], 1))
     lab4 = np.concatenate(out, 0).astype(np.float32) if out else np.zeros((0, 5), np.float32)
     np.clip(lab4[:, 1:], 0, 2 * s, out=lab4[:, 1:])
-    return canvas, lab4
+    return lab4
+
+
+def mosaic4(
+    images: Sequence[np.ndarray], labels: Sequence[np.ndarray], s: int, center: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Place 4 images around ``center`` on a 2s x 2s canvas filled with :data:`FILL` (see :func:`mosaic4_layout`).
+
+    Args:
+        images: 4 HWC uint8 images (long side <= s usually).
+        labels: 4 arrays (n_i, 5) [cls, cx, cy, w, h] normalised to their own image.
+        center: (xc, yc) in canvas pixels.
+
+    Returns:
+        The canvas and the (n, 5) [cls, x1, y1, x2, y2] labels in canvas pixels, clipped to [0, 2s].
+    """
+    shapes = [im.shape[:2] for im in images]
+    layout = mosaic4_layout(shapes, s, center)
+    canvas = np.full((2 * s, 2 * s, images[0].shape[2]), FILL, dtype=np.uint8)
+    for img, ((x1a, y1a, x2a, y2a), (x1b, y1b, x2b, y2b)) in zip(images, layout, strict=True):
+        canvas[y1a:y2a, x1a:x2a] = img[y1b:y2b, x1b:x2b]
+    return canvas, mosaic4_labels(labels, shapes, layout, s)
+
+
+def warp_mosaic4(
+    images: Sequence[np.ndarray], layout: Sequence[Placement], M: np.ndarray, dsize: tuple[int, int]
+) -> np.ndarray:
+    """The bilinear affine warp by ``M`` of the canvas that :func:`mosaic4` would build, without building it.
+
+    Each image is warped on its own, straight from its placed rectangle into the part of the output that
+    rectangle maps to: its placement offset and that output region's origin go into the matrix (passed
+    inverted, output to image, as OpenCV uses it), and only the part of the rectangle the output samples is
+    read. The output starts as :data:`FILL` and each warp leaves the output pixels whose source lies outside its
+    image alone (``BORDER_TRANSPARENT``), so what no image covers stays fill, as on the canvas.
+
+    An output pixel whose bilinear taps all lie in one image, or all in the fill, is the canvas warp's. One whose
+    taps straddle an image edge (a band about one canvas pixel wide along each edge) differs where the other side
+    is another image: OpenCV 5 mixes the image's taps with what the output already holds there instead of with
+    the other image's taps (next to the fill, which the output holds, that is the canvas value); OpenCV 4 leaves
+    such a pixel as it was, next to the fill too.
+
+    Args:
+        images: The 4 HWC uint8 images.
+        layout: Their :func:`mosaic4_layout`.
+        M: 3x3 affine canvas-to-output matrix (last row 0, 0, 1).
+        dsize: Output (w, h).
+
+    Returns:
+        The (h, w, c) uint8 output. 3-channel images are warped as RGBA (see :func:`warp_image`).
+    """
+    width, height = dsize
+    rgba = images[0].shape[2] == 3
+    out = np.full((height, width, 4 if rgba else images[0].shape[2]), FILL, np.uint8)
+    inv = cv2.invertAffineTransform(M[:2]).tolist()  # output pixel -> canvas point
+    (i00, i01, i02), (i10, i11, i12) = inv
+    # the canvas area the output samples: the inverse image of the output, grown by the bilinear neighbours
+    vx1, vy1, vx2, vy2 = _affine_bounds(inv, 0, 0, width, height)
+    vx1, vy1, vx2, vy2 = vx1 - 2, vy1 - 2, vx2 + 2, vy2 + 2
+    for img, ((x1a, y1a, x2a, y2a), (x1b, y1b, _, _)) in zip(images, layout, strict=True):
+        ax1, ay1, ax2, ay2 = max(x1a, vx1), max(y1a, vy1), min(x2a, vx2), min(y2a, vy2)  # the part that is read
+        if ax2 <= ax1 or ay2 <= ay1:
+            continue
+        # the output pixels with a bilinear neighbour in it: its box grown by a pixel, mapped by M
+        ox1, oy1, ox2, oy2 = _affine_bounds(M[:2].tolist(), ax1 - 1, ay1 - 1, ax2, ay2)
+        ox1, oy1, ox2, oy2 = max(ox1, 0), max(oy1, 0), min(ox2 + 1, width), min(oy2 + 1, height)
+        if ox2 <= ox1 or oy2 <= oy1:
+            continue
+        tile = img[y1b + ay1 - y1a : y1b + ay2 - y1a, x1b + ax1 - x1a : x1b + ax2 - x1a]
+        if rgba:
+            tile = cv2.cvtColor(tile, cv2.COLOR_RGB2RGBA)
+        # output region pixel -> tile pixel: the inverse with both origins moved into its translation
+        m = np.array([[i00, i01, i02 + i00 * ox1 + i01 * oy1 - ax1], [i10, i11, i12 + i10 * ox1 + i11 * oy1 - ay1]])
+        cv2.warpAffine(
+            tile,
+            m,
+            (ox2 - ox1, oy2 - oy1),
+            dst=out[oy1:oy2, ox1:ox2],
+            flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_TRANSPARENT,
+        )
+    return cv2.cvtColor(out, cv2.COLOR_RGBA2RGB) if rgba else out
+
+
+def mosaic4_perspective(
+    images: Sequence[np.ndarray],
+    labels: Sequence[np.ndarray],
+    s: int,
+    center: tuple[int, int],
+    border: tuple[int, int],
+    degrees: float = 0.0,
+    translate: float = 0.1,
+    scale: float = 0.5,
+    shear: float = 0.0,
+    rng: Rng | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``random_perspective(*mosaic4(images, labels, s, center), border=border, perspective=0, ...)`` without the
+    2s x 2s canvas: the images are warped straight into the output (:func:`warp_mosaic4`).
+
+    The draws, the matrix and the box arithmetic are :func:`random_perspective`'s, so for the same ``rng`` the
+    labels are identical; the pixels differ only along the seams (see :func:`warp_mosaic4`).
+
+    Returns:
+        The ``(2s + 2 * border[0], 2s + 2 * border[1])`` image and its (n, 5) [cls, x1, y1, x2, y2] labels.
+    """
+    shapes = [im.shape[:2] for im in images]
+    layout = mosaic4_layout(shapes, s, center)
+    lab4 = mosaic4_labels(labels, shapes, layout, s)
+    M, sc = perspective_matrix((2 * s, 2 * s), border, degrees, translate, scale, shear, 0.0, rng)
+    height, width = 2 * s + 2 * border[0], 2 * s + 2 * border[1]
+    return warp_mosaic4(images, layout, M, (width, height)), warp_boxes(lab4, M, sc, width, height)
 
 
 def mixup(
@@ -323,28 +505,34 @@ def augment_hsv(
 ) -> None:
     """HSV jitter in place through lookup tables: gains r = U(-1, 1) * gain + 1, hue modulo 180.
 
+    One pass per step, all in ``img``'s memory: RGB to HSV, one 3-channel lookup (a table per channel), HSV to
+    RGB. The tables are YOLOv5's (``(x * r_h) % 180``, ``clip(x * r_s)``, ``clip(x * r_v)``, truncated to uint8),
+    so the result equals splitting the channels and looking each up on its own.
+
     Args:
-        img: RGB uint8 HWC, modified in place.
+        img: RGB uint8 HWC, contiguous, modified in place.
         rng: Source of the draws (None: the global ``np.random``).
     """
     if not (hgain or sgain or vgain):
         return
     r = _rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
-    x = np.arange(0, 256, dtype=r.dtype)
-    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
-    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
+    x = np.arange(0, 256, dtype=r.dtype)[:, None] * r  # (256, 3): column c is channel c's table
+    x[:, 0] %= 180
+    lut = np.clip(x, 0, 255).astype(np.uint8).reshape(256, 1, 3)
+    cv2.cvtColor(img, cv2.COLOR_RGB2HSV, dst=img)
+    cv2.LUT(img, lut, dst=img)
+    cv2.cvtColor(img, cv2.COLOR_HSV2RGB, dst=img)
 
 
 class Albumentations:
     """YOLOv5's albumentations set: Blur, MedianBlur, ToGray and CLAHE, each with p 0.01, on RGB uint8.
 
-    They are all photometric, so labels pass through untouched. Called with ``rng``, the transforms draw from it
-    (and from a ``random.Random`` seeded from it) for that call only; without, from albumentations' own
-    generators, which ``reseed`` (called from the worker init function) sets.
+    They are all photometric, so labels pass through untouched. Called with ``rng``, whether each transform fires
+    is one draw from it (independently, with the transform's p), and those that fire are applied in order, their
+    parameters drawn from ``rng`` (and from a ``random.Random`` seeded from it) for that call only; when none
+    fires (most calls) the image comes back as it is, without a pass through albumentations. Without ``rng``,
+    the Compose runs as usual on albumentations' own generators, which ``reseed`` (called from the worker init
+    function) sets.
 
     Args:
         p: probability of each transform (YOLOv5 uses 0.01).
@@ -362,6 +550,7 @@ class Albumentations:
             ],
             seed=0,
         )
+        self.p = np.array([t.p for t in self.transform.transforms])
 
     def reseed(self, seed: int) -> None:
         """Reseed the transforms' generators (deterministic per worker)."""
@@ -369,9 +558,16 @@ class Albumentations:
 
     def __call__(self, img: np.ndarray, rng: Rng | None = None) -> np.ndarray:
         """Apply the transforms to ``img``; with ``rng`` every draw of this call comes from it."""
-        if rng is not None:
-            self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
-        return self.transform(image=img)["image"]
+        if rng is None:
+            return self.transform(image=img)["image"]
+        fire = rng.random(len(self.p)) < self.p
+        if not fire.any():
+            return img
+        self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
+        for t, on in zip(self.transform.transforms, fire, strict=True):
+            if on:
+                img = t(image=img, force_apply=True)["image"]
+        return img
 
 
 # --------------------------------------------------------------------------------------------- flips

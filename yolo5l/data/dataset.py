@@ -125,15 +125,26 @@ class YOLODataset(Dataset):
         return img, (h0, w0), img.shape[:2]
 
     def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """4-image mosaic + copy-paste + random perspective (border -s/2): (s x s image, (n, 5) xyxy labels)."""
-        s = self.imgsz
+        """4-image mosaic + copy-paste + random perspective (border -s/2): (s x s image, (n, 5) xyxy labels).
+
+        Draws the centre, the 3 partners, their order, then copy-paste's and the perspective's draws. With an affine
+        warp and no copy-paste (the default hyp) the images are warped straight into the output
+        (:func:`~yolo5l.data.augment.mosaic4_perspective`); otherwise they are placed on the 2s x 2s canvas first,
+        which copy-paste edits and a perspective warp reads whole. Both give the same labels for the same draws.
+        """
+        s, h = self.imgsz, self.hyp
         xc, yc = (int(rng.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
         idx = [index, *(int(i) for i in rng.choice(self.indices, size=3))]
         idx = [idx[i] for i in rng.permutation(4)]
         images = [self.load_image(i)[0] for i in idx]
-        img, labels = aug.mosaic4(images, [self.labels[i] for i in idx], s, (xc, yc))
-        img, labels = aug.copy_paste_boxes(img, labels, p=self.hyp["copy_paste"], rng=rng)
-        return self._perspective(img, labels, rng, border=self.mosaic_border)
+        labels = [self.labels[i] for i in idx]
+        if h["copy_paste"] or h["perspective"]:
+            img, lab4 = aug.mosaic4(images, labels, s, (xc, yc))
+            img, lab4 = aug.copy_paste_boxes(img, lab4, p=h["copy_paste"], rng=rng)
+            return self._perspective(img, lab4, rng, border=self.mosaic_border)
+        return aug.mosaic4_perspective(
+            images, labels, s, (xc, yc), self.mosaic_border, h["degrees"], h["translate"], h["scale"], h["shear"], rng
+        )
 
     def _perspective(
         self, img: np.ndarray, labels: np.ndarray, rng: np.random.Generator, border: tuple[int, int] = (0, 0)
