@@ -550,7 +550,6 @@ class Albumentations:
             ],
             seed=0,
         )
-        self.p = np.array([t.p for t in self.transform.transforms])
 
     def reseed(self, seed: int) -> None:
         """Reseed the transforms' generators (deterministic per worker)."""
@@ -560,11 +559,12 @@ class Albumentations:
         """Apply the transforms to ``img``; with ``rng`` every draw of this call comes from it."""
         if rng is None:
             return self.transform(image=img)["image"]
-        fire = rng.random(len(self.p)) < self.p
+        transforms = self.transform.transforms
+        fire = rng.random(len(transforms)) < [t.p for t in transforms]
         if not fire.any():
             return img
         self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
-        for t, on in zip(self.transform.transforms, fire, strict=True):
+        for t, on in zip(transforms, fire, strict=True):
             if on:
                 img = t(image=img, force_apply=True)["image"]
         return img
