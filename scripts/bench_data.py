@@ -307,6 +307,8 @@ def _ddp_rank(rank: int, world: int, port: int, cfg: dict[str, Any], queue) -> N
         if rank == 0:
             queue.put("filled")
         ips = _time_batches(dm.train_dataloader, args.warmup, args.batches)
+        del dm
+        gc.collect()  # the persistent workers stop here, before the process group goes
         torch.distributed.barrier()
         queue.put(ips)
     finally:
