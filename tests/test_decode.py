@@ -182,9 +182,7 @@ def _camera_dataset(root: Path) -> list[str]:
 
 
 def _dataset(index, augment: bool, reduced: bool) -> YOLODataset:
-    ds = YOLODataset(index, imgsz=320, augment=augment, batch_size=2)
-    ds.cache.reduced_decode = reduced
-    return ds
+    return YOLODataset(index, imgsz=320, augment=augment, batch_size=2, reduced_decode=reduced)
 
 
 def test_labels_and_shapes_do_not_depend_on_reduced_decode(tmp_path):
@@ -258,3 +256,23 @@ def test_label_scan_reads_headers_only(tmp_path, monkeypatch):
         assert v.kind == MISSING, v.messages  # kept, as a background: no label file
         assert v.shape == shape, name
     assert calls == []
+
+
+@pytest.mark.parametrize("override", [[], ["data.reduced_decode=false"]], ids=["default", "off"])
+def test_data_reduced_decode_reaches_both_caches(tmp_path, override):
+    """``data.reduced_decode`` (on by default) is the DataModule's argument and reaches both splits' image caches."""
+    from hydra.utils import instantiate
+
+    from yolo5l.config import compose_config
+
+    root = tmp_path / "syn"
+    cfg = compose_config(
+        [f"data.synthetic={{root: {root}, num_train: 4, num_val: 2}}", "data.imgsz=64", *override],
+        output_dir=str(tmp_path / "run"),
+    )
+    dm = instantiate(cfg.data, _convert_="all")
+    dm.setup("fit")
+    want = not override
+    assert dm.reduced_decode is want
+    assert dm.train_dataset.cache.reduced_decode is want
+    assert dm.val_dataset.cache.reduced_decode is want

@@ -56,6 +56,8 @@ class YOLODataset(Dataset):
         batch_size: Batch size used to compute the rectangular batch shapes.
         cache: "none", "ram" or "disk" (see :class:`~yolo5l.data.cache.ImageCache`).
         cache_dir: Disk cache folder.
+        reduced_decode: Decode a JPEG at least twice the target size at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
+            scaling) before resizing it (see :func:`~yolo5l.data.images.read_image_reduced`).
         stride: Model's maximum stride.
         pad: Rectangular batch padding in units of ``stride``.
         prefix: Message prefix, e.g. "train: ".
@@ -71,6 +73,7 @@ class YOLODataset(Dataset):
         batch_size: int = 16,
         cache: str = "none",
         cache_dir: str | None = None,
+        reduced_decode: bool = True,
         stride: int = aug.MAX_STRIDE,
         pad: float = aug.RECT_PAD,
         prefix: str = "",
@@ -97,7 +100,9 @@ class YOLODataset(Dataset):
         # Indices that mosaic / mixup partners are drawn from: under DDP the rank's shard, so that a RAM cache
         # of the shard covers every image this rank reads.
         self.indices = np.arange(len(im_files))
-        self.cache = ImageCache(im_files, shapes, self.imgsz, cache, augment, cache_dir, prefix=prefix)
+        self.cache = ImageCache(
+            im_files, shapes, self.imgsz, cache, augment, cache_dir, prefix=prefix, reduced_decode=reduced_decode
+        )
         self.albumentations = aug.Albumentations() if augment else None
         self.mosaic_border = (-self.imgsz // 2, -self.imgsz // 2)
 
