@@ -1,11 +1,11 @@
-"""The canvas path of the mosaic and the three-lookup HSV jitter, kept as the oracle of ``yolo5l.data.augment``.
+"""The canvas path of the mosaic, kept as the oracle of the direct warp in ``yolo5l.data.augment``.
 
-Copies of ``mosaic4``, ``random_perspective`` and ``augment_hsv`` as they were before the mosaic's images were
-warped straight into the output (and the HSV lookup became one pass), and of the flows of
+Copies of ``mosaic4`` and ``random_perspective`` as they were before the mosaic's images were warped straight
+into the output (and 3-channel warps went through RGBA), and of the flows of
 ``YOLODataset.load_mosaic`` and of a mosaic sample's ``YOLODataset._item`` (albumentations as one Compose call):
 the four images placed on a 2s x 2s canvas filled with 114, then a 3-channel ``cv2.warpAffine`` (or
 ``warpPerspective``) of the whole canvas into the s x s output. Helpers that did not change (``box_candidates``,
-``copy_paste_boxes``, ``mixup``, the flips, the box formats) are imported.
+``copy_paste_boxes``, ``mixup``, ``augment_hsv``, the flips, the box formats) are imported.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from yolo5l.data.augment import FILL, box_candidates, copy_paste_boxes, flip_lr, flip_ud, mixup
+from yolo5l.data.augment import FILL, augment_hsv, box_candidates, copy_paste_boxes, flip_lr, flip_ud, mixup
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 
 
@@ -134,21 +134,10 @@ def reference_load_mosaic(ds, index: int, rng: np.random.Generator) -> tuple[np.
     )
 
 
-def reference_augment_hsv(img: np.ndarray, gains: np.ndarray) -> None:
-    """The three-lookup HSV jitter (split, one LUT per channel, merge) with the drawn gains ``r`` (3,), in place."""
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
-    x = np.arange(0, 256, dtype=gains.dtype)
-    lut_hue = ((x * gains[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(x * gains[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(x * gains[2], 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
-    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
-
-
 def reference_item(ds, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """A mosaic training sample as ``YOLODataset._item`` built it: :func:`reference_load_mosaic` (and mixup), the
     whole albumentations Compose run on generators seeded from ``rng`` (each transform's firing drawn inside
-    it), :func:`reference_augment_hsv`, flips. Needs ``ds.hyp["mosaic"] == 1``.
+    it), HSV, flips. Needs ``ds.hyp["mosaic"] == 1``.
 
     Returns:
         The (s, s, 3) RGB image and its (n, 5) [cls, cx, cy, w, h] normalised labels.
@@ -164,8 +153,7 @@ def reference_item(ds, index: int, rng: np.random.Generator) -> tuple[np.ndarray
     compose = ds.albumentations.transform
     compose.set_random_state(rng, random.Random(int(rng.integers(2**63))))
     img = np.ascontiguousarray(compose(image=img)["image"])
-    if h["hsv_h"] or h["hsv_s"] or h["hsv_v"]:
-        reference_augment_hsv(img, rng.uniform(-1, 1, 3) * [h["hsv_h"], h["hsv_s"], h["hsv_v"]] + 1)
+    augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"], rng=rng)
     if rng.random() < h["flipud"]:
         img = flip_ud(img, labels)
     if rng.random() < h["fliplr"]:

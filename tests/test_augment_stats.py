@@ -1,5 +1,5 @@
 """The fast paths of a training sample against the canvas oracle (tests/_reference_augment.py), sample by sample and
-in distribution: the direct mosaic warp, the RGBA warp, the one-pass HSV jitter and the albumentations gate.
+in distribution: the direct mosaic warp, the RGBA warp and the albumentations gate.
 
 The mosaic samples are drawn at s = 160 from a small synthetic dataset (images 100-200 px, so upscaled, non-square
 and leaving fill on the canvas)."""
@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 from _reference_augment import (
-    reference_augment_hsv,
     reference_item,
     reference_load_mosaic,
     reference_mosaic4,
@@ -263,20 +262,7 @@ def test_sample_is_a_function_of_its_key(index):
     assert not torch.equal(first[-1][0], first[-2][0])  # the rank is part of the key
 
 
-# --------------------------------------------------------------------------------------------- photometric
-def test_hsv_one_lookup_is_bit_identical_to_three():
-    rng = np.random.default_rng(0)
-    gains = [(0.015, 0.7, 0.4), (0.5, 0.5, 0.5), (1.0, 1.0, 1.0), (2.5, 0.0, 3.0), (0.0, 0.0, 0.9)]
-    for k in range(40):
-        img = rng.integers(0, 256, (int(rng.integers(1, 70)), int(rng.integers(1, 70)), 3), dtype=np.uint8)
-        g = gains[k % len(gains)]
-        new, ref = img.copy(), img.copy()
-        aug.augment_hsv(new, *g, rng=np.random.default_rng(k))
-        r = np.random.default_rng(k).uniform(-1, 1, 3) * list(g) + 1  # the same draw
-        reference_augment_hsv(ref, r)
-        np.testing.assert_array_equal(new, ref)
-
-
+# --------------------------------------------------------------------------------------------- albumentations
 def _count_fires(a: aug.Albumentations) -> list[int]:
     """Counts, per transform, the calls in which it fired (its parameters are drawn only then)."""
     counts = [0] * len(a.transform.transforms)

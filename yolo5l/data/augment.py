@@ -505,23 +505,20 @@ def augment_hsv(
 ) -> None:
     """HSV jitter in place through lookup tables: gains r = U(-1, 1) * gain + 1, hue modulo 180.
 
-    One pass per step, all in ``img``'s memory: RGB to HSV, one 3-channel lookup (a table per channel), HSV to
-    RGB. The tables are YOLOv5's (``(x * r_h) % 180``, ``clip(x * r_s)``, ``clip(x * r_v)``, truncated to uint8),
-    so the result equals splitting the channels and looking each up on its own.
-
     Args:
-        img: RGB uint8 HWC, contiguous, modified in place.
+        img: RGB uint8 HWC, modified in place.
         rng: Source of the draws (None: the global ``np.random``).
     """
     if not (hgain or sgain or vgain):
         return
     r = _rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
-    x = np.arange(0, 256, dtype=r.dtype)[:, None] * r  # (256, 3): column c is channel c's table
-    x[:, 0] %= 180
-    lut = np.clip(x, 0, 255).astype(np.uint8).reshape(256, 1, 3)
-    cv2.cvtColor(img, cv2.COLOR_RGB2HSV, dst=img)
-    cv2.LUT(img, lut, dst=img)
-    cv2.cvtColor(img, cv2.COLOR_HSV2RGB, dst=img)
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
+    x = np.arange(0, 256, dtype=r.dtype)
+    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
+    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
 
 
 class Albumentations:
