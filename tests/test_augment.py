@@ -20,7 +20,7 @@ PALETTE = np.array(
         (255, 0, 255), (0, 255, 255), (255, 255, 255), (255, 128, 0),
     ],
     dtype=np.uint8,
-)
+)  # fmt: skip
 
 
 def render(h: int, w: int, boxes_xyxy: np.ndarray, classes, bg: int = 0) -> np.ndarray:
@@ -106,8 +106,9 @@ def test_random_perspective_identity_and_border():
     assert len(lab) == 1
     np.testing.assert_allclose(lab[0, 1:], [0, 0, 20, 30], atol=1e-4)
     # [10, 60) keeps 10 x 30 = 300 of 3000 px: ratio 0.1 is not > 0.1, dropped (box_candidates)
-    _, lab = aug.random_perspective(img, np.array([[0, 10, 20, 60, 80]], np.float32), translate=0, scale=0,
-                                    border=(-50, -50))
+    _, lab = aug.random_perspective(
+        img, np.array([[0, 10, 20, 60, 80]], np.float32), translate=0, scale=0, border=(-50, -50)
+    )
     assert len(lab) == 0
 
 
