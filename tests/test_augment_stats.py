@@ -118,6 +118,28 @@ def test_direct_mosaic_matches_canvas_oracle(index, hyp):
     assert np.max(mean_abs) < 0.3
 
 
+def test_direct_mosaic_loads_only_the_images_the_output_shows(index, monkeypatch):
+    """An image whose placed rectangle the output never samples is not loaded (not decoded, without a cache); the
+    result is still the oracle's, which loads all four. About one mosaic in five leaves one out."""
+    ds = YOLODataset(index, imgsz=S, augment=True)  # no cache: every load is a decode
+    loaded: list[int] = []
+    load_image = ds.load_image
+    monkeypatch.setattr(ds, "load_image", lambda i: (loaded.append(i), load_image(i))[1])
+    per_mosaic = []
+    for i, key in KEYS[::2]:
+        loaded.clear()
+        img, lab = ds.load_mosaic(i, sample_rng(i, key))
+        per_mosaic.append(len(loaded))
+        if len(loaded) < 4:  # the left-out image changes nothing
+            ref_img, ref_lab = reference_load_mosaic(ds, i, sample_rng(i, key))
+            np.testing.assert_array_equal(lab, ref_lab)
+            assert np.abs(img.astype(int) - ref_img.astype(int)).mean() < 0.3
+    per_mosaic = np.asarray(per_mosaic)
+    assert per_mosaic.min() >= 1
+    assert per_mosaic.max() == 4
+    assert 3.3 < per_mosaic.mean() < 3.95, np.bincount(per_mosaic)
+
+
 @pytest.mark.parametrize("hyp", [{"copy_paste": 0.5, "degrees": 5.0}, {"perspective": 0.0005, "shear": 2.0}])
 def test_canvas_path_is_the_oracle_bit_for_bit(index, hyp):
     """Copy-paste and perspective keep the canvas; its RGBA warp gives the 3-channel warp's pixels exactly."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import cv2
@@ -355,8 +355,11 @@ def mosaic4(
     return canvas, mosaic4_labels(labels, shapes, layout, s)
 
 
+Tile = np.ndarray | Callable[[], np.ndarray]  # an image, or a function that loads it
+
+
 def warp_mosaic4(
-    images: Sequence[np.ndarray], layout: Sequence[Placement], M: np.ndarray, dsize: tuple[int, int]
+    images: Sequence[Tile], layout: Sequence[Placement], M: np.ndarray, dsize: tuple[int, int], channels: int = 3
 ) -> np.ndarray:
     """The bilinear affine warp by ``M`` of the canvas that :func:`mosaic4` would build, without building it.
 
@@ -373,17 +376,21 @@ def warp_mosaic4(
     such a pixel as it was, next to the fill too.
 
     Args:
-        images: The 4 HWC uint8 images.
+        images: The 4 HWC uint8 images, or functions that load them (of the shapes the layout was made for): a
+            function is called only when the output shows part of its image, so an image that falls outside the
+            output (on average about one mosaic in five has one) is never decoded.
         layout: Their :func:`mosaic4_layout`.
         M: 3x3 affine canvas-to-output matrix (last row 0, 0, 1).
         dsize: Output (w, h).
+        channels: Channels of the images (of the first one that is an array, when there is one).
 
     Returns:
         The (h, w, c) uint8 output. 3-channel images are warped as RGBA (see :func:`warp_image`).
     """
     width, height = dsize
-    rgba = images[0].shape[2] == 3
-    out = np.full((height, width, 4 if rgba else images[0].shape[2]), FILL, np.uint8)
+    channels = next((im.shape[2] for im in images if isinstance(im, np.ndarray)), channels)
+    rgba = channels == 3
+    out = np.full((height, width, 4 if rgba else channels), FILL, np.uint8)
     inv = cv2.invertAffineTransform(M[:2]).tolist()  # output pixel -> canvas point
     (i00, i01, i02), (i10, i11, i12) = inv
     # the canvas area the output samples: the inverse image of the output, grown by the bilinear neighbours
@@ -398,6 +405,8 @@ def warp_mosaic4(
         ox1, oy1, ox2, oy2 = max(ox1, 0), max(oy1, 0), min(ox2 + 1, width), min(oy2 + 1, height)
         if ox2 <= ox1 or oy2 <= oy1:
             continue
+        if callable(img):
+            img = img()
         tile = img[y1b + ay1 - y1a : y1b + ay2 - y1a, x1b + ax1 - x1a : x1b + ax2 - x1a]
         if rgba:
             tile = cv2.cvtColor(tile, cv2.COLOR_RGB2RGBA)
@@ -415,7 +424,7 @@ def warp_mosaic4(
 
 
 def mosaic4_perspective(
-    images: Sequence[np.ndarray],
+    images: Sequence[Tile],
     labels: Sequence[np.ndarray],
     s: int,
     center: tuple[int, int],
@@ -425,9 +434,12 @@ def mosaic4_perspective(
     scale: float = 0.5,
     shear: float = 0.0,
     rng: Rng | None = None,
+    shapes: Sequence[tuple[int, int]] | None = None,
+    channels: int = 3,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``random_perspective(*mosaic4(images, labels, s, center), border=border, perspective=0, ...)`` without the
-    2s x 2s canvas: the images are warped straight into the output (:func:`warp_mosaic4`).
+    2s x 2s canvas: the images are warped straight into the output (:func:`warp_mosaic4`). ``images`` may hold
+    functions that load them, with their (h, w) in ``shapes``: only the images the output shows are loaded.
 
     The draws, the matrix and the box arithmetic are :func:`random_perspective`'s, so for the same ``rng`` the
     labels are identical; the pixels differ only along the seams (see :func:`warp_mosaic4`).
@@ -435,12 +447,13 @@ def mosaic4_perspective(
     Returns:
         The ``(2s + 2 * border[0], 2s + 2 * border[1])`` image and its (n, 5) [cls, x1, y1, x2, y2] labels.
     """
-    shapes = [im.shape[:2] for im in images]
+    if shapes is None:
+        shapes = [im.shape[:2] for im in images]  # type: ignore[union-attr]
     layout = mosaic4_layout(shapes, s, center)
     lab4 = mosaic4_labels(labels, shapes, layout, s)
     M, sc = perspective_matrix((2 * s, 2 * s), border, degrees, translate, scale, shear, 0.0, rng)
     height, width = 2 * s + 2 * border[0], 2 * s + 2 * border[1]
-    return warp_mosaic4(images, layout, M, (width, height)), warp_boxes(lab4, M, sc, width, height)
+    return warp_mosaic4(images, layout, M, (width, height), channels), warp_boxes(lab4, M, sc, width, height)
 
 
 def mixup(

@@ -20,9 +20,11 @@ Reference: YOLOv5 v7.0 utils/dataloaders.py LoadImagesAndLabels (behaviour).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -135,21 +137,31 @@ class YOLODataset(Dataset):
         Draws the centre, the 3 partners, their order, then copy-paste's and the perspective's draws. With an affine
         warp and no copy-paste (the default hyp) the images are warped straight into the output
         (:func:`~yolo5l.data.augment.mosaic4_perspective`); otherwise they are placed on the 2s x 2s canvas first,
-        which copy-paste edits and a perspective warp reads whole. Both give the same labels for the same draws.
+        which copy-paste edits and a perspective warp reads whole. Both give the same labels for the same draws. The
+        direct warp loads only the images the output shows (their sizes come from the label scan).
         """
         s, h = self.imgsz, self.hyp
         xc, yc = (int(rng.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
         idx = [index, *(int(i) for i in rng.choice(self.indices, size=3))]
         idx = [idx[i] for i in rng.permutation(4)]
-        images = [self.load_image(i)[0] for i in idx]
         labels = [self.labels[i] for i in idx]
         if h["copy_paste"] or h["perspective"]:
-            img, lab4 = aug.mosaic4(images, labels, s, (xc, yc))
+            img, lab4 = aug.mosaic4([self.load_image(i)[0] for i in idx], labels, s, (xc, yc))
             img, lab4 = aug.copy_paste_boxes(img, lab4, p=h["copy_paste"], rng=rng)
             return self._perspective(img, lab4, rng, border=self.mosaic_border)
         return aug.mosaic4_perspective(
-            images, labels, s, (xc, yc), self.mosaic_border, h["degrees"], h["translate"], h["scale"], h["shear"], rng
-        )
+            [functools.partial(self._tile, i) for i in idx], labels, s, (xc, yc), self.mosaic_border, h["degrees"],
+            h["translate"], h["scale"], h["shear"], rng, shapes=[self.cache.resized_hw(i) for i in idx],
+        )  # fmt: skip
+
+    def _tile(self, i: int) -> np.ndarray:
+        """Image ``i`` at the size the label scan's shape gives it (``cache.resized_hw``), which the mosaic's layout
+        was computed from. They differ only where the decoder and the scan disagree on the orientation (an
+        orientation kept in XMP only, which OpenCV ignores); the image is then resized to that shape, as its
+        normalised labels assume."""
+        img = self.load_image(i)[0]
+        h, w = self.cache.resized_hw(i)
+        return img if img.shape[:2] == (h, w) else cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
 
     def _perspective(
         self, img: np.ndarray, labels: np.ndarray, rng: np.random.Generator, border: tuple[int, int] = (0, 0)
