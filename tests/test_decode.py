@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import PIL.ImageFile
 import pytest
+import simplejpeg
 import torch
 from PIL import Image
 
@@ -50,16 +51,44 @@ def camera_jpeg(tmp_path_factory) -> Path:
     return write_jpeg(tmp_path_factory.mktemp("camera") / "camera.jpg", img)
 
 
-@pytest.fixture
-def decoder_calls(monkeypatch) -> list:
-    """Records the flags of every cv2.imread call made by yolo5l.data.images."""
-    calls, real = [], cv2.imread
+class DecoderCalls(list):
+    """The decodes made by yolo5l.data.images: the flags of each cv2.imread call, "simplejpeg" for each simplejpeg
+    decode; ``decoder`` is the reduced decoder under test."""
+
+    def __init__(self, decoder: str):
+        super().__init__()
+        self.decoder = decoder
+
+    def any_reduced(self) -> bool:
+        return "simplejpeg" in self or bool(set(self) & _REDUCED_FLAGS)
+
+    def reduced(self) -> bool:
+        """Whether an image was decoded at reduced scale, and only by the decoder under test."""
+        by_simplejpeg, by_cv2 = "simplejpeg" in self, bool(set(self) & _REDUCED_FLAGS)
+        return (by_simplejpeg, by_cv2) == ((True, False) if self.decoder == "simplejpeg" else (False, True))
+
+
+@pytest.fixture(params=["simplejpeg", "cv2"])
+def decoder_calls(request, monkeypatch) -> DecoderCalls:
+    """Runs a test with each reduced decoder (simplejpeg; OpenCV with simplejpeg made unavailable) and records the
+    decodes made by yolo5l.data.images."""
+    calls, real_imread = DecoderCalls(request.param), cv2.imread
 
     def imread(path, flags=cv2.IMREAD_COLOR):
         calls.append(flags)
-        return real(path, flags)
+        return real_imread(path, flags)
 
     monkeypatch.setattr(images_mod.cv2, "imread", imread)
+    if request.param == "cv2":
+        monkeypatch.setattr(images_mod, "simplejpeg", None)
+    else:
+        real_decode = simplejpeg.decode_jpeg
+
+        def decode_jpeg(*args, **kwargs):
+            calls.append("simplejpeg")
+            return real_decode(*args, **kwargs)
+
+        monkeypatch.setattr(images_mod.simplejpeg, "decode_jpeg", decode_jpeg)
     return calls
 
 
@@ -84,7 +113,7 @@ def test_reduced_decode_pixel_error(camera_jpeg, imgsz, augment, decoder_calls):
     assert hw == full.shape[:2]
     assert reduced.shape == (math.ceil(hw[0] / f), math.ceil(hw[1] / f), 3)  # decoded at 1/f
     assert max(reduced.shape) >= imgsz  # so the resize only shrinks
-    assert set(decoder_calls) & _REDUCED_FLAGS
+    assert decoder_calls.reduced()
 
     A = _load_resized(str(camera_jpeg), imgsz, augment)
     B = _load_resized(str(camera_jpeg), imgsz, augment, reduced=False)
@@ -120,7 +149,7 @@ def test_exif_orientation_6(tmp_path, decoder_calls):
     reduced, hw = read_image_reduced(path, 320)
     assert hw == (1600, 1200)
     assert reduced.shape == (400, 300, 3)  # 1/4, rotated
-    assert set(decoder_calls) & _REDUCED_FLAGS
+    assert decoder_calls.reduced()
     assert reduced[:45].mean() > 245  # the band is on top
     assert reduced[55:].mean() < 200
     assert mad(reduced, cv2.resize(full, (300, 400), interpolation=cv2.INTER_AREA)) < 2.0
@@ -132,6 +161,95 @@ def test_exif_orientation_6(tmp_path, decoder_calls):
         b = _load_resized(str(path), 320, augment, reduced=False)
         assert a.shape == b.shape == (320, 240, 3)
         assert mad(a, cv2.resize(full, (240, 320), interpolation=cv2.INTER_AREA)) < 2.0
+
+
+def _without_simplejpeg(monkeypatch, path: Path, imgsz: int) -> np.ndarray:
+    """read_image_reduced through OpenCV's reduced decode (simplejpeg made unavailable)."""
+    with monkeypatch.context() as m:
+        m.setattr(images_mod, "simplejpeg", None)
+        return read_image_reduced(path, imgsz)[0]
+
+
+@pytest.mark.parametrize("kind", ["420", "444", "progressive", "gray"])
+@pytest.mark.parametrize("imgsz", [160, 320, 640])
+def test_simplejpeg_matches_opencv_reduced(tmp_path, monkeypatch, kind, imgsz):
+    """simplejpeg and OpenCV's reduced mode (both libjpeg-turbo's 1/f DCT scaling) give the same image."""
+    img, _, _ = render_sample(np.random.default_rng(6), 1299, 1283)  # f = 8, 4 and 2, partial last blocks
+    path = tmp_path / f"{kind}.jpg"
+    if kind == "420":
+        write_jpeg(path, img)
+    elif kind == "gray":
+        Image.fromarray(img).convert("L").save(path, quality=90)
+    else:
+        Image.fromarray(img).save(path, quality=90, subsampling=0, progressive=kind == "progressive")
+    a, hw = read_image_reduced(path, imgsz)
+    b = _without_simplejpeg(monkeypatch, path, imgsz)
+    f = dct_scale(*hw, imgsz)
+    assert f == {160: 8, 320: 4, 640: 2}[imgsz]
+    assert a.shape == b.shape == (math.ceil(1299 / f), math.ceil(1283 / f), 3)
+    assert a.dtype == np.uint8
+    assert a.flags.c_contiguous
+    assert mad(a, b) < 0.1  # measured 0: the same decoder
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientations(tmp_path, orientation, decoder_calls):
+    """Each of the 8 EXIF orientations gives read_image's (OpenCV's) oriented image, at reduced scale."""
+    stored, _, _ = render_sample(np.random.default_rng(7), 1203, 1601)
+    stored[:300, :400] = 255  # a white corner, top left of the stored pixels
+    exif = Image.Exif()
+    exif[_ORIENTATION] = orientation
+    path = tmp_path / f"o{orientation}.jpg"
+    Image.fromarray(stored).save(path, quality=90, exif=exif.tobytes())
+
+    full = read_image(path)
+    h0, w0 = (1601, 1203) if orientation >= 5 else (1203, 1601)
+    assert full.shape == (h0, w0, 3)
+    reduced, hw = read_image_reduced(path, 320)  # f = 4
+    assert hw == (h0, w0)
+    assert reduced.shape == (math.ceil(h0 / 4), math.ceil(w0 / 4), 3)
+    assert reduced.flags.c_contiguous
+    assert decoder_calls.reduced()
+    expected = cv2.resize(full, reduced.shape[1::-1], interpolation=cv2.INTER_AREA)
+    assert mad(reduced, expected) < 2.0  # measured 1.6
+    # The other orientations of this shape (the shape tells 90-degree turns apart) are far: measured 46-54.
+    assert min(mad(x, expected) for x in (reduced[::-1], reduced[:, ::-1], reduced[::-1, ::-1])) > 30
+
+
+def test_cmyk_jpeg(tmp_path, decoder_calls):
+    """A CMYK JPEG decodes at reduced scale to read_image's colours (libjpeg-turbo converts CMYK to RGB)."""
+    img, _, _ = render_sample(np.random.default_rng(8), 1000, 1403)
+    path = tmp_path / "cmyk.jpg"
+    Image.fromarray(img).convert("CMYK").save(path, "JPEG", quality=90)
+    with Image.open(path) as im:
+        assert im.mode == "CMYK"
+    full = read_image(path)
+    reduced, hw = read_image_reduced(path, 320)  # f = 4
+    assert hw == (1000, 1403)
+    assert reduced.shape == (250, 351, 3)
+    assert decoder_calls.any_reduced()
+    assert mad(reduced, cv2.resize(full, (351, 250), interpolation=cv2.INTER_AREA)) < 2.0
+
+
+@pytest.mark.parametrize("failure", ["raises", "wrong_scale"])
+def test_simplejpeg_failure_falls_back_to_opencv(camera_jpeg, monkeypatch, failure):
+    """A file simplejpeg rejects, or a decode at another scale, goes through OpenCV's reduced decode."""
+    expected = _without_simplejpeg(monkeypatch, camera_jpeg, 320)
+    real_decode, calls = simplejpeg.decode_jpeg, []
+
+    def decode_jpeg(data, *args, **kwargs):
+        calls.append("simplejpeg")
+        if failure == "raises":
+            raise ValueError("unsupported JPEG")
+        return real_decode(data, *args)  # no min_height / min_width: full size
+
+    monkeypatch.setattr(images_mod.simplejpeg, "decode_jpeg", decode_jpeg)
+    real_imread = cv2.imread
+    monkeypatch.setattr(images_mod.cv2, "imread", lambda p, flags: calls.append(flags) or real_imread(p, flags))
+    reduced, hw = read_image_reduced(camera_jpeg, 320)
+    assert calls == ["simplejpeg", cv2.IMREAD_REDUCED_COLOR_4]
+    assert hw == (1799, 2401)
+    np.testing.assert_array_equal(reduced, expected)
 
 
 def test_png_and_small_jpeg_take_the_full_path(tmp_path, decoder_calls):
@@ -150,7 +268,7 @@ def test_png_and_small_jpeg_take_the_full_path(tmp_path, decoder_calls):
             np.testing.assert_array_equal(
                 _load_resized(str(path), 320, augment), resize_long_side(read_image(path), 320, augment)
             )
-    assert not set(decoder_calls) & _REDUCED_FLAGS
+    assert not decoder_calls.any_reduced()
 
 
 def test_reduced_decode_falls_back_on_a_bad_jpeg(tmp_path):

@@ -3,7 +3,9 @@
 :func:`read_image` decodes in full. :func:`read_image_reduced` serves a consumer that will shrink the image to a
 known long side anyway (the image cache): a JPEG at least twice that size is decoded at 1/2, 1/4 or 1/8 scale
 through libjpeg's DCT scaling, which skips most of the inverse DCT, upsampling and colour conversion work and
-averages each block as an anti-aliased downscale would.
+averages each block as an anti-aliased downscale would. That decode goes through simplejpeg (libjpeg-turbo's
+TurboJPEG API, from the file's bytes, EXIF orientation applied here) when it is installed, else through OpenCV's
+``IMREAD_REDUCED_COLOR_*`` modes; both are libjpeg-turbo and give the same pixels.
 
 Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py::LoadImagesAndLabels.load_image`` and ``exif_size``
 (behaviour); yolo5l returns RGB where ultralytics returns BGR.
@@ -14,12 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+from collections.abc import Callable
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
 from yolo5l.data.layout import DatasetError
+
+try:
+    import simplejpeg
+except ImportError:  # the reduced decode then goes through OpenCV
+    simplejpeg = None
 
 __all__ = ["DCT_SCALES", "ImageReadError", "dct_scale", "exif_hw", "read_image", "read_image_reduced"]
 
@@ -34,6 +42,17 @@ _U8_MAX = 255.0
 _PNG_SIGNATURE_BYTES = 8
 _PNG_CHUNK_HEAD = struct.Struct(">I4s")  # length, type; the data and a 4-byte CRC follow
 _PNG_CRC_BYTES = 4
+# EXIF orientation -> the transform of the stored pixels that displays them (as PIL's ImageOps.exif_transpose and
+# OpenCV's imread do); 1 and unknown values leave the pixels as stored.
+_ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    2: lambda im: cv2.flip(im, 1),  # mirror left-right
+    3: lambda im: cv2.rotate(im, cv2.ROTATE_180),
+    4: lambda im: cv2.flip(im, 0),  # mirror top-bottom
+    5: cv2.transpose,  # mirror across the main diagonal
+    6: lambda im: cv2.rotate(im, cv2.ROTATE_90_CLOCKWISE),
+    7: lambda im: cv2.flip(cv2.transpose(im), -1),  # mirror across the anti-diagonal
+    8: lambda im: cv2.rotate(im, cv2.ROTATE_90_COUNTERCLOCKWISE),
+}
 
 
 class ImageReadError(DatasetError):
@@ -85,15 +104,45 @@ def dct_scale(h0: int, w0: int, min_long_side: int) -> int:
     return next((f for f in DCT_SCALES if max(h0, w0) / f >= min_long_side), 1)
 
 
-def _jpeg_hw(path: str) -> tuple[int, int] | None:
-    """(h, w) after EXIF orientation of a JPEG file from its header, or None when the file is not a JPEG."""
+def _jpeg_header(path: str) -> tuple[int, int, object] | None:
+    """The stored (h, w) and the EXIF orientation (None without one) of a JPEG file from its header, or None when
+    the file is not a JPEG (by its first bytes and PIL's format) or its header cannot be read."""
     try:
         with open(path, "rb") as f:
             if f.read(len(_JPEG_SOI)) != _JPEG_SOI:
                 return None
             f.seek(0)
             with Image.open(f) as im:
-                return exif_hw(im) if im.format in _JPEG_FORMATS else None
+                if im.format not in _JPEG_FORMATS:
+                    return None
+                w, h = im.size
+                orientation = None
+                with contextlib.suppress(Exception):  # an unreadable EXIF block is no orientation, as in exif_hw
+                    orientation = im.getexif().get(_EXIF_ORIENTATION)
+                return h, w, orientation
+    except Exception:
+        return None
+
+
+def _decode_reduced_simplejpeg(path: str, h: int, w: int, f: int, orientation: object) -> np.ndarray | None:
+    """A JPEG file of stored size (h, w) decoded by simplejpeg at exactly 1/f scale, as RGB, the EXIF
+    ``orientation`` applied; None when simplejpeg is missing, rejects the file or gives another size.
+
+    simplejpeg decodes at the smallest of libjpeg-turbo's scales (n/8, n = 1..16) that gives at least the requested
+    size of the stored (unrotated) image; the request ``ceil(h / f) x ceil(w / f)`` is the 1/f result itself, which
+    the shape check confirms.
+    """
+    if simplejpeg is None:
+        return None
+    hf, wf = -(-h // f), -(-w // f)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        im = simplejpeg.decode_jpeg(data, "RGB", min_height=hf, min_width=wf)
+        if im.shape != (hf, wf, 3):
+            return None
+        transform = _ORIENT.get(orientation)
+        return np.ascontiguousarray(im if transform is None else transform(im))
     except Exception:
         return None
 
@@ -103,10 +152,13 @@ def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.
     shrinks it to long side ``min_long_side`` needs.
 
     A JPEG (by its first bytes and its header, whatever its name) of long side at least ``2 * min_long_side`` is
-    decoded at 1/f scale by libjpeg (f = :func:`dct_scale`), which gives ``ceil(h0 / f) x ceil(w0 / f)``: still
-    at least ``min_long_side`` on the long side, so the consumer only ever shrinks it. Everything else (other
-    formats, small JPEGs) and any failure of the reduced decode is :func:`read_image`, unchanged. OpenCV's reduced
-    modes on a non-JPEG would decode in full and then shrink with a cheap filter, hence the format check.
+    decoded at 1/f scale by libjpeg-turbo (f = :func:`dct_scale`), which gives ``ceil(h0 / f) x ceil(w0 / f)``:
+    still at least ``min_long_side`` on the long side, so the consumer only ever shrinks it. The decoder is
+    simplejpeg on the file's bytes (the EXIF orientation from the header applied to its output) when it is
+    installed and accepts the file, else OpenCV's reduced mode (which applies the orientation itself). Everything
+    else (other formats, small JPEGs) and any failure of both reduced decodes is :func:`read_image`, unchanged.
+    OpenCV's reduced modes on a non-JPEG would decode in full and then shrink with a cheap filter, hence the format
+    check.
 
     Args:
         path: Image file.
@@ -120,11 +172,15 @@ def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.
         ImageReadError: The file is missing or cannot be decoded.
     """
     path = os.fspath(path)
-    hw = _jpeg_hw(path)
-    if hw is not None:
-        h0, w0 = hw
+    header = _jpeg_header(path)
+    if header is not None:
+        h, w, orientation = header
+        h0, w0 = (w, h) if orientation in _ROTATED_90 else (h, w)
         f = dct_scale(h0, w0, min_long_side)
         if f > 1:
+            im = _decode_reduced_simplejpeg(path, h, w, f, orientation)
+            if im is not None:
+                return im, (h0, w0)
             im = cv2.imread(path, _REDUCED_FLAGS[f])  # BGR; OpenCV applies the EXIF orientation here too
             # The shape check catches a header that disagrees with the decoder (size or orientation).
             if im is not None and im.shape == (-(-h0 // f), -(-w0 // f), 3):
