@@ -26,6 +26,39 @@ def test_bench_reference_names_what_to_install_when_the_reference_is_missing(tmp
     assert "yolov5==7.0.14" in r.stderr
 
 
+def test_bench_data_reference_names_what_to_install_when_the_reference_is_missing(tmp_path):
+    r = _script("bench_data.py", "--reference", "--ref-python", str(tmp_path / "no-venv" / "python"))
+    assert r.returncode != 0
+    assert "not found" in r.stderr
+    assert "yolov5==7.0.14" in r.stderr
+
+
+@pytest.mark.bench
+def test_bench_data_per_core_child_and_ddp_memory(tmp_path):
+    """The per-core run of --reference (yolo5l's side) and --ddp-memory, at tiny settings."""
+    from yolo5l.data.synthetic import ensure_synthetic
+
+    data = ensure_synthetic(tmp_path / "syn", num_train=16, num_val=4)
+    cfg = tmp_path / "child.json"
+    cfg.write_text(json.dumps({
+        "core": 0, "imgsz": 64, "batch": 4, "warmup": 1, "batches": 2, "cache": "disk",
+        "cache_dir": str(tmp_path / "npy"), "yaml": str(data),
+    }))  # fmt: skip
+    r = _script("bench_data.py", "--child", str(cfg))
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["ips"] > 0
+    assert list((tmp_path / "npy").rglob("*.npy"))  # the disk cache was filled and read
+    r = _script(
+        "bench_data.py", "--ddp-memory", "--root", str(tmp_path / "syn2"), "--num-train", "16", "--imgsz", "64",
+        "--batch", "4", "--batches", "2", "--warmup", "1", "--caches", "disk",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| disk |"))
+    peak_mib = float(row.split("|")[2])
+    assert peak_mib > 100  # two ranks and their workers, each with torch loaded
+
+
 @pytest.mark.bench
 def test_bench_train_measures_a_config_and_survives_a_missing_reference(tmp_path):
     out = tmp_path / "bench.json"
