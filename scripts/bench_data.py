@@ -98,7 +98,7 @@ class PeakRSS:
 def _datamodule(args: argparse.Namespace, cache: str, workers: int, cache_dir: str, file: str | None = None):
     from yolo5l.data.datamodule import YOLODataModule
 
-    synthetic = None if file else {"root": args.root, "num_train": args.num_train, "num_val": 16, "seed": 0}
+    synthetic = None if file else {"root": args.root, "num_train": args.num_train, "seed": 0}  # the training set
     return YOLODataModule(
         file=file, synthetic=synthetic, imgsz=args.imgsz, batch_size=args.batch, num_workers=workers, cache=cache,
         cache_dir=cache_dir, persistent_workers=workers > 0, pin_memory=False, seed=0,
@@ -339,7 +339,7 @@ def ddp_memory_main(args: argparse.Namespace) -> None:
           f"synthetic set of {args.num_train} train images at {Path(args.root).absolute()}", flush=True)  # fmt: skip
     from yolo5l.data.synthetic import ensure_synthetic
 
-    ensure_synthetic(args.root, num_train=args.num_train, num_val=16)
+    ensure_synthetic(args.root, num_train=args.num_train)
     rows = []
     for cache in args.caches:
         with tempfile.TemporaryDirectory(prefix="yolo5l-bench-npy-") as cache_dir:
