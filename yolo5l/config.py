@@ -195,6 +195,9 @@ def _check_data(data: DictConfig) -> None:
     cache = str(data.get("cache"))
     if cache not in CACHE_MODES:
         raise UserError(f"data.cache={cache!r} is not one of: {', '.join(CACHE_MODES)}")
+    for key in ("reduced_decode", "persistent_workers", "pin_memory"):
+        if key in data and not isinstance(data.get(key), bool):
+            raise UserError(f"data.{key}={data.get(key)!r} must be true or false")
 
 
 def _check_trainer(trainer: DictConfig) -> None:
