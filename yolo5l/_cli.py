@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 from yolo5l.config import check_group_choices
 from yolo5l.errors import EXIT_USAGE, UserError
+from yolo5l.errors import shown_path as relpath  # the entry points' name for it
 
 __all__ = ["EXIT_USAGE", "UserError", "fail", "guarded", "info", "print_outputs", "relpath", "run_entry_point"]
 
@@ -183,12 +184,3 @@ def print_outputs(title: str, items: Mapping[str, str | os.PathLike | None]) -> 
     for k, v in rows:
         print(f"  {k + ':':<{width}} {v}")
     sys.stdout.flush()
-
-
-def relpath(path: str | os.PathLike) -> str:
-    """`path` relative to the current folder when it lies below it, else absolute."""
-    p = Path(path).absolute()
-    try:
-        return str(p.relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)

@@ -27,12 +27,12 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.archive import archive_damage
-from yolo5l.errors import UserError
+from yolo5l.errors import UserError, shown_path
 from yolo5l.weights import atomic_save, save_weights
 
 __all__ = [
     "AtomicCheckpointIO", "CheckpointWriteError", "LastCheckpoint", "ResumeState", "RunConfig", "archive_damage",
-    "checkpoint_position", "find_resume_checkpoint", "read_resume_state", "shown_path", "stop_on_write_error",
+    "checkpoint_position", "find_resume_checkpoint", "read_resume_state", "stop_on_write_error",
     "write_error_message",
 ]  # fmt: skip
 
@@ -309,15 +309,6 @@ def _weights_nbytes(pl_module: pl.LightningModule) -> int:
     """About the size of a weights file of `pl_module.model` (floating tensors stored in half precision)."""
     model = getattr(pl_module, "model", pl_module)
     return sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in model.state_dict().values())
-
-
-def shown_path(path: str | os.PathLike) -> str:
-    """`path` relative to the current folder when it lies below it (as the user typed the run), else absolute."""
-    p = Path(path).absolute()
-    try:
-        return str(p.relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 def _imgsz(trainer: pl.Trainer) -> int | None:

@@ -67,7 +67,8 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
-from yolo5l.callbacks.checkpoint import LastCheckpoint, shown_path, stop_on_write_error
+from yolo5l.callbacks.checkpoint import LastCheckpoint, stop_on_write_error
+from yolo5l.errors import shown_path
 
 __all__ = ["Preempted", "PreemptionCheckpoint"]
 
