@@ -2,10 +2,11 @@
 
 Copies of ``mosaic4`` and ``random_perspective`` as they were before the mosaic's images were warped straight
 into the output (and 3-channel warps went through RGBA), and of the flows of
-``YOLODataset.load_mosaic`` and of a mosaic sample's ``YOLODataset._item`` (albumentations as one Compose call):
+``YOLODataset.load_mosaic`` and of a mosaic sample's ``YOLODataset._item`` (albumentations as one Compose call),
+and ``augment_hsv`` as YOLOv5's three lookup tables:
 the four images placed on a 2s x 2s canvas filled with 114, then a 3-channel ``cv2.warpAffine`` (or
 ``warpPerspective``) of the whole canvas into the s x s output. Helpers that did not change (``box_candidates``,
-``copy_paste_boxes``, ``mixup``, ``augment_hsv``, the flips, the box formats) are imported.
+``copy_paste_boxes``, ``mixup``, the flips, the box formats) are imported.
 """
 
 from __future__ import annotations
@@ -17,8 +18,24 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from yolo5l.data.augment import FILL, augment_hsv, box_candidates, copy_paste_boxes, flip_lr, flip_ud, mixup
+from yolo5l.data.augment import FILL, box_candidates, copy_paste_boxes, flip_lr, flip_ud, mixup
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
+
+
+def reference_augment_hsv(
+    img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng: np.random.Generator | None = None
+) -> None:
+    """HSV jitter in place through three lookup tables, ``floor(x * r)``: the hue modulo 180, S and V clipped."""
+    if not (hgain or sgain or vgain):
+        return
+    r = (np.random if rng is None else rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
+    x = np.arange(0, 256, dtype=r.dtype)
+    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
+    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
+    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
 
 
 def reference_random_perspective(
@@ -153,7 +170,7 @@ def reference_item(ds, index: int, rng: np.random.Generator) -> tuple[np.ndarray
     compose = ds.albumentations.transform
     compose.set_random_state(rng, random.Random(int(rng.integers(2**63))))
     img = np.ascontiguousarray(compose(image=img)["image"])
-    augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"], rng=rng)
+    reference_augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"], rng=rng)
     if rng.random() < h["flipud"]:
         img = flip_ud(img, labels)
     if rng.random() < h["fliplr"]:

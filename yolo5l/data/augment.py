@@ -29,6 +29,8 @@ MAX_STRIDE = 32  # the model's largest stride: letterboxed and rectangular batch
 RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's val pad)
 _MIXUP_BETA = 32.0  # mixup ratio r ~ Beta(_MIXUP_BETA, _MIXUP_BETA), as YOLOv5
 _PASTE_MAX_IOA = 0.30  # copy-paste skips a box whose mirror covers this much of an existing box
+_HUE_MAX = 179  # the largest hue of OpenCV's 8-bit HSV (degrees / 2)
+_U8_LEVELS = 256
 
 Rng = np.random.Generator
 # Where a mosaic image lands: (canvas rectangle x1a, y1a, x2a, y2a), (image rectangle x1b, y1b, x2b, y2b)
@@ -516,21 +518,33 @@ def copy_paste_boxes(
 def augment_hsv(
     img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng: Rng | None = None
 ) -> None:
-    """HSV jitter in place through lookup tables: gains r = U(-1, 1) * gain + 1, hue modulo 180.
+    """HSV jitter in place: gains r = U(-1, 1) * gain + 1 on OpenCV's 8-bit H (0-179), S and V, hue modulo 180.
+
+    YOLOv5 maps each channel through a lookup table, ``floor(x * r)`` (clipped to 255 for S and V, modulo 180 for
+    H). Here one ``cv2.transform`` scales the three channels together, in a single pass over the pixels instead of
+    a split, three lookups and a merge: it rounds ``x * r - 0.5`` to the nearest integer, which is the floor except
+    at exact halves (one value in millions), and saturates at 255. The hue stays unwrapped (at most
+    179 * 1.015 = 181.7 with YOLOv5's gains, up to 255 with any gain) and OpenCV's HSV-to-RGB conversion reads
+    the hue modulo 180 itself, as the table's ``% 180`` would; a hue gain large enough to exceed 255 falls back
+    to the table (so does a negative one).
 
     Args:
         img: RGB uint8 HWC, modified in place.
         rng: Source of the draws (None: the global ``np.random``).
+
+    Reference: ultralytics/yolov5 v7.0 ``utils/augmentations.py::augment_hsv`` (behaviour).
     """
     if not (hgain or sgain or vgain):
         return
     r = _rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_RGB2HSV))
-    x = np.arange(0, 256, dtype=r.dtype)
-    lut_hue = ((x * r[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(x * r[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(x * r[2], 0, 255).astype(np.uint8)
-    hsv = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
+    if 0 <= _HUE_MAX * r[0] < _U8_LEVELS:  # the scaled hue fits in 8 bits
+        m = np.array([[r[0], 0, 0, -0.5], [0, r[1], 0, -0.5], [0, 0, r[2], -0.5]])
+        cv2.transform(hsv, m, dst=hsv)
+    else:
+        x = np.arange(_U8_LEVELS, dtype=r.dtype)
+        luts = ((x * r[0]) % (_HUE_MAX + 1), np.clip(x * r[1], 0, 255), np.clip(x * r[2], 0, 255))
+        cv2.LUT(hsv, np.stack(luts, 1).astype(np.uint8).reshape(_U8_LEVELS, 1, 3), dst=hsv)
     cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
 
 
