@@ -123,8 +123,8 @@ def test_direct_mosaic_loads_only_the_images_the_output_shows(index, monkeypatch
     result is still the oracle's, which loads all four. About one mosaic in five leaves one out."""
     ds = YOLODataset(index, imgsz=S, augment=True)  # no cache: every load is a decode
     loaded: list[int] = []
-    load_image = ds.load_image
-    monkeypatch.setattr(ds, "load_image", lambda i: (loaded.append(i), load_image(i))[1])
+    load = ds.cache.load
+    monkeypatch.setattr(ds.cache, "load", lambda i, rows=None: (loaded.append(i), load(i, rows))[1])
     per_mosaic = []
     for i, key in KEYS[::2]:
         loaded.clear()

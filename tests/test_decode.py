@@ -136,6 +136,69 @@ def test_reduced_decode_pixel_error(camera_jpeg, imgsz, augment, decoder_calls):
         assert psnr(A, B) > 40  # measured 46-49 dB
 
 
+class TopDecodes(list):
+    """The number of rows of each decode that stopped early (``_decode_top_rows_pil`` returning an image)."""
+
+
+@pytest.fixture
+def top_decodes(monkeypatch) -> TopDecodes:
+    calls, real = TopDecodes(), images_mod._decode_top_rows_pil
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if out is not None:
+            calls.append(out.shape[0])
+        return out
+
+    monkeypatch.setattr(images_mod, "_decode_top_rows_pil", spy)
+    return calls
+
+
+@pytest.mark.parametrize("imgsz", [320, 640])
+@pytest.mark.parametrize("top", [0.01, 0.2, 0.5, 0.72])
+def test_top_rows_decode_is_the_whole_decode_cut(camera_jpeg, imgsz, top, top_decodes):
+    """Asked for the top fraction ``top``, the decoder stops after the rows it needs: fewer rows decoded, and the
+    resized rows are those of the whole image's, bit for bit (the image's sides are not multiples of 8)."""
+    whole = _load_resized(str(camera_jpeg), imgsz, augment=True)
+    cut = _load_resized(str(camera_jpeg), imgsz, augment=True, top=top)
+    assert cut.shape[1:] == whole.shape[1:]
+    assert cut.shape[0] == math.ceil(top * whole.shape[0])
+    np.testing.assert_array_equal(cut, whole[: cut.shape[0]])
+    assert len(top_decodes) == 1
+    assert top_decodes[0] < 0.9 * math.ceil(1799 / dct_scale(1799, 2401, imgsz))
+    # validation (INTER_AREA) and a top near 1 decode the whole image
+    area = _load_resized(str(camera_jpeg), imgsz, augment=False, top=top)
+    np.testing.assert_array_equal(area, _load_resized(str(camera_jpeg), imgsz, augment=False))
+    assert _load_resized(str(camera_jpeg), imgsz, augment=True, top=0.95).shape == whole.shape
+    assert len(top_decodes) == 1
+
+
+@pytest.mark.parametrize("orientation", [3, 6])
+def test_top_rows_decode_needs_an_upright_image(tmp_path, orientation, top_decodes):
+    """A rotated image's top rows are not the file's first rows: it is decoded whole, as without ``top``."""
+    stored, _, _ = render_sample(np.random.default_rng(1), 1200, 1600)
+    exif = Image.Exif()
+    exif[_ORIENTATION] = orientation
+    Image.fromarray(stored).save(tmp_path / "rot.jpg", quality=90, exif=exif)
+    whole = _load_resized(str(tmp_path / "rot.jpg"), 320, augment=True)
+    np.testing.assert_array_equal(_load_resized(str(tmp_path / "rot.jpg"), 320, augment=True, top=0.3), whole)
+    assert not top_decodes
+
+
+def test_top_rows_decode_of_a_truncated_file(camera_jpeg, tmp_path, top_decodes):
+    """A file that ends before the rows asked for is decoded the usual way (the tolerant whole decode)."""
+    data = camera_jpeg.read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 3])
+    whole = _load_resized(str(tmp_path / "cut.jpg"), 320, augment=True)
+    cut = _load_resized(str(tmp_path / "cut.jpg"), 320, augment=True, top=0.7)
+    np.testing.assert_array_equal(cut, whole)
+    assert not top_decodes
+    # rows that lie before the cut still decode early, and equal the whole decode's
+    early = _load_resized(str(tmp_path / "cut.jpg"), 320, augment=True, top=0.1)
+    assert len(top_decodes) == 1
+    np.testing.assert_array_equal(early, whole[: early.shape[0]])
+
+
 def test_exif_orientation_6(tmp_path, decoder_calls):
     stored, _, _ = render_sample(np.random.default_rng(1), 1200, 1600)
     stored[:, :200] = 255  # a white band on the left of the stored pixels: on top once displayed
@@ -331,6 +394,22 @@ def test_labels_and_shapes_do_not_depend_on_reduced_decode(tmp_path):
                 torch.testing.assert_close(single_on[1], single_off[1], rtol=0, atol=0)
                 assert single_on[3] == single_off[3]
         assert differ == 3  # the three large JPEGs were decoded at reduced scale; the small one and the PNG not
+
+
+def test_mosaics_from_top_rows_decodes_equal_those_from_whole_images(tmp_path, top_decodes):
+    """Without a cache the mosaic's tiles that the output cuts off below are decoded only down to the rows it
+    shows; the samples are those made from whole images (the RAM cache), pixel for pixel."""
+    files = _camera_dataset(tmp_path / "ds")
+    index = scan_labels(files, len(NAMES), tmp_path / "ds" / "labels" / "train.cache")
+    lazy = YOLODataset(index, imgsz=320, augment=True, cache="none")
+    ram = YOLODataset(index, imgsz=320, augment=True, cache="ram")
+    ram.fill_cache()
+    for epoch in range(6):
+        for i in range(len(lazy)):
+            a, b = lazy[(i, True, (0, epoch, 0))], ram[(i, True, (0, epoch, 0))]
+            torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+            torch.testing.assert_close(a[1], b[1], rtol=0, atol=0)
+    assert len(top_decodes) >= 10  # 22 in 30 mosaics when written
 
 
 def test_label_scan_reads_headers_only(tmp_path, monkeypatch):

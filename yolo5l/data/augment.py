@@ -357,7 +357,9 @@ def mosaic4(
     return canvas, mosaic4_labels(labels, shapes, layout, s)
 
 
-Tile = np.ndarray | Callable[[], np.ndarray]  # an image, or a function that loads it
+# An image, or a function that loads it given how many of its rows, from the top, are read (it may return only
+# those rows, or more).
+Tile = np.ndarray | Callable[[int], np.ndarray]
 
 
 def warp_mosaic4(
@@ -380,7 +382,8 @@ def warp_mosaic4(
     Args:
         images: The 4 HWC uint8 images, or functions that load them (of the shapes the layout was made for): a
             function is called only when the output shows part of its image, so an image that falls outside the
-            output (on average about one mosaic in five has one) is never decoded.
+            output (on average about one mosaic in five has one) is never decoded, and it is told how many rows
+            from the top are read, so that a decoder can stop after them (the image may come with only those).
         layout: Their :func:`mosaic4_layout`.
         M: 3x3 affine canvas-to-output matrix (last row 0, 0, 1).
         dsize: Output (w, h).
@@ -408,7 +411,7 @@ def warp_mosaic4(
         if ox2 <= ox1 or oy2 <= oy1:
             continue
         if callable(img):
-            img = img()
+            img = img(y1b + ay2 - y1a)
         tile = img[y1b + ay1 - y1a : y1b + ay2 - y1a, x1b + ax1 - x1a : x1b + ax2 - x1a]
         if rgba:
             tile = cv2.cvtColor(tile, cv2.COLOR_RGB2RGBA)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -37,7 +38,7 @@ import numpy as np
 import psutil
 
 from yolo5l.data.augment import resize_long_side, resized_shape
-from yolo5l.data.images import read_image, read_image_reduced
+from yolo5l.data.images import dct_scale, read_image, read_image_reduced
 from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -49,19 +50,31 @@ _NPY_HEADER_BYTES = 128  # upper bound of one .npy file's header
 _GB = 1e9
 
 
-def _load_resized(path: str, imgsz: int, augment: bool, reduced: bool = True) -> np.ndarray:
+def _load_resized(path: str, imgsz: int, augment: bool, reduced: bool = True, top: float = 1.0) -> np.ndarray:
     """Image ``path`` resized to long side ``imgsz`` (see :func:`~yolo5l.data.augment.resize_long_side`), decoded
-    at reduced scale when ``reduced`` and the image allows it."""
+    at reduced scale when ``reduced`` and the image allows it.
+
+    ``top`` (< 1 counts in training only, where the resize is bilinear): the consumer reads only that fraction of
+    the rows, from the top. The result may then end after row ``ceil(top * h)`` of the ``h`` rows of the whole
+    result, identical to those rows of it: the decode stops early (see
+    :func:`~yolo5l.data.images.read_image_reduced`).
+    """
     if not reduced:
         return resize_long_side(read_image(path), imgsz, augment)
-    img, (h0, w0) = read_image_reduced(path, imgsz)
+    img, (h0, w0) = read_image_reduced(path, imgsz, top if augment else 1.0)
     if img.shape[:2] == (h0, w0):  # decoded in full
         return resize_long_side(img, imgsz, augment)
     # Decoded at 1/f: ceil(h0 / f) x ceil(w0 / f), long side >= imgsz, so this only shrinks. Resizing to the shape
     # of the full image (not of the reduced one) keeps the result's shape exactly that of a full decode; when
     # f does not divide a side, the partial last block stretches the image by under one output pixel at that edge.
     h, w = resized_shape(h0, w0, imgsz)
-    return cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR if augment else cv2.INTER_AREA)
+    interp = cv2.INTER_LINEAR if augment else cv2.INTER_AREA
+    f = dct_scale(h0, w0, imgsz)
+    hf, wf = -(-h0 // f), -(-w0 // f)
+    if img.shape[0] < hf:  # the top rows only: resized at the whole image's scales, so its rows are the same
+        out = cv2.resize(img, None, fx=w / wf, fy=h / hf, interpolation=interp)
+        return out[: min(h, math.ceil(top * h))]  # the rows after these read past the decoded ones
+    return cv2.resize(img, (w, h), interpolation=interp)
 
 
 class ImageCache:
@@ -207,8 +220,9 @@ class ImageCache:
         with ThreadPoolExecutor(self.num_threads) as pool:
             list(pool.map(fn, indices))
 
-    def _decode(self, i: int) -> np.ndarray:
-        return _load_resized(self.im_files[i], self.imgsz, self.augment, self.reduced_decode)
+    def _decode(self, i: int, rows: int | None = None) -> np.ndarray:
+        top = 1.0 if rows is None else rows / self.resized_hw(i)[0]
+        return _load_resized(self.im_files[i], self.imgsz, self.augment, self.reduced_decode, top)
 
     def _fill_ram(self, i: int) -> None:
         self.ram[i] = self._decode(i)
@@ -260,8 +274,11 @@ class ImageCache:
         return img
 
     # ----------------------------------------------------------------------------------------- load
-    def load(self, i: int) -> np.ndarray:
+    def load(self, i: int, rows: int | None = None) -> np.ndarray:
         """The resized RGB uint8 HWC image ``i`` (from RAM, from its .npy, or decoded); never to be modified.
+
+        ``rows``: only that many rows from the top are read. Without a cache, the image may then end after them
+        (and the decode stops early, see :func:`_load_resized`); from a cache it comes whole.
 
         In disk mode the image is a read-only ``np.memmap`` of its .npy file: the pages are read on first access
         and shared through the page cache. The files are only ever replaced whole (see :meth:`_write_npy`), so a
@@ -280,4 +297,4 @@ class ImageCache:
             except (OSError, ValueError, EOFError):  # a truncated file's mapping fails here (ValueError)
                 pass
             return self._write_npy(i)  # corrupt or removed since fill(): rebuild it
-        return self._decode(i)
+        return self._decode(i, rows)

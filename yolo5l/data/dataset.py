@@ -154,13 +154,19 @@ class YOLODataset(Dataset):
             h["translate"], h["scale"], h["shear"], rng, shapes=[self.cache.resized_hw(i) for i in idx],
         )  # fmt: skip
 
-    def _tile(self, i: int) -> np.ndarray:
+    def _tile(self, i: int, rows: int | None = None) -> np.ndarray:
         """Image ``i`` at the size the label scan's shape gives it (``cache.resized_hw``), which the mosaic's layout
-        was computed from. They differ only where the decoder and the scan disagree on the orientation (an
-        orientation kept in XMP only, which OpenCV ignores); the image is then resized to that shape, as its
+        was computed from; with ``rows``, possibly only its top rows, at least that many (the decode stops there,
+        see :meth:`ImageCache.load <yolo5l.data.cache.ImageCache.load>`).
+
+        The image and the scan's shape differ only where the decoder and the scan disagree on the orientation (an
+        orientation kept in XMP only, which OpenCV ignores); the whole image is then resized to that shape, as its
         normalised labels assume."""
-        img = self.load_image(i)[0]
         h, w = self.cache.resized_hw(i)
+        img = self.cache.load(i, rows)
+        if img.shape[:2] == (h, w) or (rows is not None and img.shape[1] == w and min(rows, h) <= img.shape[0] < h):
+            return img
+        img = self.load_image(i)[0]
         return img if img.shape[:2] == (h, w) else cv2.resize(img, (w, h), interpolation=cv2.INTER_LINEAR)
 
     def _perspective(

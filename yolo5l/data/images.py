@@ -5,7 +5,9 @@ known long side anyway (the image cache): a JPEG at least twice that size is dec
 through libjpeg's DCT scaling, which skips most of the inverse DCT, upsampling and colour conversion work and
 averages each block as an anti-aliased downscale would. That decode goes through simplejpeg (libjpeg-turbo's
 TurboJPEG API, from the file's bytes, EXIF orientation applied here) when it is installed, else through OpenCV's
-``IMREAD_REDUCED_COLOR_*`` modes; both are libjpeg-turbo and give the same pixels.
+``IMREAD_REDUCED_COLOR_*`` modes; both are libjpeg-turbo and give the same pixels. A consumer that reads only the
+top part of the image (a mosaic tile that the output cuts off below) can say so: the decoder then stops after the
+last row it needs, which skips the entropy decoding of the rest, the one cost that DCT scaling does not shrink.
 
 Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py::LoadImagesAndLabels.load_image`` and ``exif_size``
 (behaviour); yolo5l returns RGB where ultralytics returns BGR.
@@ -14,6 +16,7 @@ Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py::LoadImagesAndLabels.l
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 from collections.abc import Callable
@@ -42,6 +45,10 @@ _U8_MAX = 255.0
 _PNG_SIGNATURE_BYTES = 8
 _PNG_CHUNK_HEAD = struct.Struct(">I4s")  # length, type; the data and a 4-byte CRC follow
 _PNG_CRC_BYTES = 4
+_UPRIGHT = (None, 1)  # EXIF orientations that display the stored rows top to bottom as they are
+# A decode that stops early goes through PIL, whose decoder is ~8% slower a row than simplejpeg's: it is worth it
+# below this fraction of the rows.
+_TOP_DECODE_MAX_FRACTION = 0.9
 # EXIF orientation -> the transform of the stored pixels that displays them (as PIL's ImageOps.exif_transpose and
 # OpenCV's imread do); 1 and unknown values leave the pixels as stored.
 _ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
@@ -147,7 +154,40 @@ def _decode_reduced_simplejpeg(path: str, h: int, w: int, f: int, orientation: o
         return None
 
 
-def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.ndarray, tuple[int, int]]:
+def _decode_top_rows_pil(path: str, h: int, w: int, f: int, rows: int) -> np.ndarray | None:
+    """The first ``rows`` rows of an upright JPEG of stored size (h, w) decoded at 1/f scale, the decoder stopped
+    after them; None when PIL cannot do that for this file.
+
+    PIL's ``draft`` sets libjpeg's DCT scaling (the same libjpeg-turbo decode as simplejpeg's, the same pixels),
+    and a decode tile cut to ``rows`` rows makes the decoder stop there. libjpeg then reports the scanlines it was
+    not asked for as an error at the end, after the rows are in place: that error is expected and ignored once the
+    decode loop has finished (PIL clears ``tile`` then). An error that stops the loop itself (a file that ends
+    before those rows) gives None, and the caller decodes the file the usual way.
+    """
+    hf, wf = -(-h // f), -(-w // f)
+    try:
+        with Image.open(path) as im:
+            im.draft("RGB", (w // f, h // f))  # PIL picks the largest scale that keeps at least this size: 1/f
+            if im.mode != "RGB" or im.size != (wf, hf) or len(im.tile) != 1:
+                return None
+            tile = im.tile[0]
+            cut = (tile[0], (0, 0, wf, rows), *tile[2:])
+            im.tile = [type(tile)(*cut) if hasattr(tile, "_fields") else cut]
+            im._size = (wf, rows)
+            try:
+                im.load()
+            except OSError:
+                if im.tile:  # the decode loop did not finish
+                    return None
+            out = np.asarray(im)
+            return out if out.shape == (rows, wf, 3) else None
+    except Exception:
+        return None
+
+
+def read_image_reduced(
+    path: str | os.PathLike, min_long_side: int, top: float = 1.0
+) -> tuple[np.ndarray, tuple[int, int]]:
     """Read an image as RGB uint8 (h, w, 3), EXIF orientation applied, decoded no larger than a consumer that
     shrinks it to long side ``min_long_side`` needs.
 
@@ -160,13 +200,21 @@ def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.
     OpenCV's reduced modes on a non-JPEG would decode in full and then shrink with a cheap filter, hence the format
     check.
 
+    With ``top < 1`` the consumer needs only that fraction of the image, from the top. An upright JPEG (no EXIF
+    rotation or mirroring) decoded at 1/f may then come back cut after row ``ceil(top * hf) + ceil(max(hf, wf)
+    / min_long_side) + 2`` of the ``hf x wf`` reduced image (the rows that a bilinear resize of that fraction to long
+    side ``min_long_side`` reads), identical to those rows of the whole decode: the decoder stops there
+    (:func:`_decode_top_rows_pil`). When that is most of the image, or not possible, the whole image is decoded.
+
     Args:
         path: Image file.
         min_long_side: The long side the consumer resizes to.
+        top: The fraction of the image's height, from the top, that the consumer reads.
 
     Returns:
         ``(image, (h0, w0))``: the image, and the full-size (h, w) after EXIF orientation, which equals the
-        image's shape when it was decoded in full.
+        image's shape when it was decoded in full. An image cut by ``top`` has the width of the whole reduced
+        decode, ``ceil(w0 / f)``, and fewer rows than ``ceil(h0 / f)``.
 
     Raises:
         ImageReadError: The file is missing or cannot be decoded.
@@ -177,6 +225,13 @@ def read_image_reduced(path: str | os.PathLike, min_long_side: int) -> tuple[np.
         h, w, orientation = header
         h0, w0 = (w, h) if orientation in _ROTATED_90 else (h, w)
         f = dct_scale(h0, w0, min_long_side)
+        if f > 1 and top < 1 and orientation in _UPRIGHT:
+            hf, wf = -(-h // f), -(-w // f)
+            rows = math.ceil(top * hf) + math.ceil(max(hf, wf) / min_long_side) + 2
+            if rows < _TOP_DECODE_MAX_FRACTION * hf:
+                im = _decode_top_rows_pil(path, h, w, f, max(rows, 1))
+                if im is not None:
+                    return im, (h0, w0)
         if f > 1:
             im = _decode_reduced_simplejpeg(path, h, w, f, orientation)
             if im is not None:
