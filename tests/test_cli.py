@@ -61,7 +61,9 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     console = r.stdout + r.stderr
     assert "epoch 0/1 val: P " in console
     assert "best (epoch 0): P " in r.stdout
-    for noise in ("Tip: For seamless cloud logging", "LeafSpec", "not supported by the model summary"):
+    # nanobind (triton's bindings, which torch imports) lists "leaked" objects at shutdown when the collector has
+    # frozen them: the command line ends without that shutdown (yolo5l._cli.exit_without_heap_walk).
+    for noise in ("Tip: For seamless cloud logging", "LeafSpec", "not supported by the model summary", "nanobind"):
         assert noise not in console, noise
 
 
@@ -106,7 +108,7 @@ def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, mon
     assert seen["fit"] is True
     assert seen["frozen"] > frozen_before + 10_000  # modules, config, model, trainer
     assert seen["after"] == frozen_before  # handed back when the run ends
-    assert seen["exit"] > 10_000  # and frozen again just before the interpreter exits
+    assert seen["exit"] == frozen_before  # called from code (not the command line), main() returns with none frozen
     # Outside the command line (a notebook), the collector is left as it is.
     tr.resume_gc()
     assert gc.get_freeze_count() == 0
