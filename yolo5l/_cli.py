@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import logging
@@ -98,10 +99,9 @@ def exit_without_heap_walk(code: object = 0) -> NoReturn:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        # closed, detached or replaced by None: nothing to flush
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed, detached or replaced by None: nothing to flush
-            pass
     os._exit(status)
 
 
