@@ -40,6 +40,7 @@ __all__ = [
 CONFIG_MODULE = "yolo5l.conf"
 STRIDE = 32  # the largest stride of YOLOv5's heads: image sizes are multiples of it
 CACHE_MODES = ("none", "ram", "disk")
+TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  # v7.0 train.py's data switches
 
 #: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
 GROUPS = (
@@ -67,8 +68,11 @@ def compose_config(
     Returns:
         The composed config, without its `hydra` node.
     """
+    from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
+
+    overrides = hyp_file_argv(list(overrides or []))  # hyp=path/to/hyp.yaml, as on the command line
     with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
-        cfg = compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=True)
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
         if output_dir is None:
             output_dir = str(cfg.hydra.run.dir)
@@ -79,7 +83,7 @@ def compose_config(
     out.mkdir(parents=True, exist_ok=True)
     with open_dict(cfg):
         del cfg["hydra"]
-    return cfg
+    return apply_hyp_file(cfg, overrides)
 
 
 def config_choices(group: str) -> list[str]:
@@ -195,9 +199,11 @@ def _check_data(data: DictConfig) -> None:
     cache = str(data.get("cache"))
     if cache not in CACHE_MODES:
         raise UserError(f"data.cache={cache!r} is not one of: {', '.join(CACHE_MODES)}")
-    for key in ("reduced_decode", "persistent_workers", "pin_memory"):
+    for key in ("reduced_decode", "persistent_workers", "pin_memory", *TRAIN_OPTIONS):
         if key in data and not isinstance(data.get(key), bool):
             raise UserError(f"data.{key}={data.get(key)!r} must be true or false")
+    if data.get("rect") and data.get("image_weights"):
+        raise UserError("data.rect=true and data.image_weights=true exclude each other (v7.0 drops rect): pick one")
 
 
 def _check_trainer(trainer: DictConfig) -> None:

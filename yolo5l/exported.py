@@ -277,6 +277,7 @@ def validate_exported(
     iou_thres: float = 0.6,
     max_det: int = 300,
     device: str | torch.device = "cpu",
+    single_cls: bool = False,
 ) -> dict[str, float]:
     """The validation of `YOLOv5Module` for a callable that returns decoded boxes (no LightningModule, no loss).
 
@@ -292,6 +293,7 @@ def validate_exported(
         iou_thres: NMS IoU threshold.
         max_det: Detections kept per image.
         device: Where the batches and the metric go.
+        single_cls: NMS across classes and every detection class 0 (`YOLOv5Module(single_cls=True)`).
 
     Returns:
         `val/<key>` -> value, as `trainer.validate` reports them.
@@ -317,9 +319,12 @@ def validate_exported(
         )
         bsz, (h, w) = images.shape[0], images.shape[2:]
         dets = non_max_suppression(
-            model(images), conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, max_det=max_det,
-            max_nms=30000,
+            model(images), conf_thres=conf_thres, iou_thres=iou_thres, agnostic=single_cls, multi_label=True,
+            max_det=max_det, max_nms=30000,
         )  # fmt: skip
+        if single_cls:
+            for det in dets:
+                det[:, 5] = 0
         dets = YOLOv5Module._to_original(dets, (h, w), shapes)
         # Ground truth in the same original-image pixels, as YOLOv5Module.validation_step builds it.
         t = targets[torch.argsort(targets[:, 0], stable=True)]

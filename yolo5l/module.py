@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ParallelStrategy
@@ -29,6 +30,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import Metric
 
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh_to_xyxy
+from yolo5l.data.image_weights import class_maps
 from yolo5l.errors import UserError
 from yolo5l.optim import (
     OPTIMIZER_IMPLS,
@@ -95,6 +97,9 @@ class YOLOv5Module(pl.LightningModule):
             made once per validation epoch; False runs the training model in eval mode.
         max_nonfinite_steps: stop the run after this many optimizer steps in a row with a non-finite loss or
             gradient (each is skipped, as GradScaler skips them). Checked every `log_every_n_steps` batches.
+        single_cls: validate as one class (YOLOv5 val.py `--single-cls`): NMS across classes, every detection class
+            0; `names` may then be one name for a model of any class count.
+        quad: the training loss counts x4 (YOLOv5 train.py `--quad`: each image of a quad batch holds four).
     """
 
     def __init__(
@@ -118,10 +123,12 @@ class YOLOv5Module(pl.LightningModule):
         optimizer_impl: str = "auto",
         fuse_eval: bool = True,
         max_nonfinite_steps: int = 50,
+        single_cls: bool = False,
+        quad: bool = False,
     ) -> None:
         super().__init__()
         names = _plain(names)  # before save_hyperparameters, which reads these locals
-        if len(names) != model.num_classes:
+        if len(names) != model.num_classes and not (single_cls and len(names) == 1):
             raise ValueError(f"{len(names)} class names for a model with {model.num_classes} classes")
         if optimizer_impl not in OPTIMIZER_IMPLS:
             raise ValueError(f"module.optimizer_impl must be one of {OPTIMIZER_IMPLS}, got {optimizer_impl!r}")
@@ -140,6 +147,7 @@ class YOLOv5Module(pl.LightningModule):
         self._resumed_losses: tuple[Tensor, int] | None = None  # a checkpoint's epoch sums, until training starts
         self._bad_streak = torch.zeros((), dtype=torch.long)  # optimizer steps in a row with non-finite gradients
         self.step_finite: Tensor | None = None  # whether the last optimizer step was applied
+        self.class_maps: np.ndarray | None = None  # per-class mAP@0.5:0.95 of the last validation in fit (v7.0 maps)
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -227,6 +235,8 @@ class YOLOv5Module(pl.LightningModule):
     def training_step(self, batch: Sequence[Any], batch_idx: int) -> Tensor:
         images, targets = batch[0], batch[1]
         total, items = self.loss(self.model(images), targets)  # items: detached [box, obj, cls]
+        if self.hparams.get("quad"):
+            total = total * 4.0  # YOLOv5 train.py: `if opt.quad: loss *= 4.`
         # DDP averages gradients over ranks; YOLOv5 multiplies by WORLD_SIZE to keep per-image sums.
         self.manual_backward(total * self.trainer.world_size)
         if self._step_now:
@@ -328,14 +338,20 @@ class YOLOv5Module(pl.LightningModule):
 
     def _detect(self, heads: Sequence[Tensor]) -> list[Tensor]:
         # One call for the batch: candidate selection runs batched, the NMS itself image by image (see boxes.py).
-        return non_max_suppression(
+        single_cls = bool(self.hparams.get("single_cls"))
+        dets = non_max_suppression(
             self._net().decode(heads),
             conf_thres=self.hparams.conf_thres,
             iou_thres=self.hparams.iou_thres,
+            agnostic=single_cls,
             multi_label=True,
             max_det=self.hparams.max_det,
             max_nms=30000,
         )
+        if single_cls:  # YOLOv5 val.py: `if single_cls: pred[:, 5] = 0`
+            for det in dets:
+                det[:, 5] = 0
+        return dets
 
     @staticmethod
     def _to_original(dets: list[Tensor], img_hw: Sequence[int], shapes: Sequence[Any] | None) -> list[Tensor]:
@@ -373,6 +389,10 @@ class YOLOv5Module(pl.LightningModule):
         metrics = self.map_metric.compute()
         self.map_metric.reset()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=False)
+        trainer = self.trainer
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and hasattr(self.map_metric, "per_class"):
+            results = self.map_metric.per_class()  # computed above (on every rank): no second gather
+            self.class_maps = class_maps(results.classes, results.map, self.model.num_classes)
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[Tensor]:
         """Detections (n, 6) [x1, y1, x2, y2, score, class] per image, in original-image pixels when shapes exist."""

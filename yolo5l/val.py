@@ -63,7 +63,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     if cfg.data.get("imgsz") is None:
         _set_imgsz(cfg, loaded.imgsz)
     datamodule = instantiate(cfg.data, _convert_="all")
-    if model.num_classes != datamodule.num_classes:
+    if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0
         raise UserError(
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
             "pass the data= or data.file= the weights were trained on"
@@ -99,7 +99,9 @@ def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, floa
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     model, names, _, _ = load_exported(str(cfg.weights), device)
-    if len(names) != datamodule.num_classes:
+    if datamodule.single_cls:
+        names = datamodule.names
+    elif len(names) != datamodule.num_classes:
         raise UserError(
             f"{cfg.weights} predicts {len(names)} classes but the dataset has {datamodule.num_classes}: "
             "pass the data= or data.file= the weights were trained on"
@@ -109,7 +111,9 @@ def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, floa
         metric.set_num_classes(len(names))
     m = cfg.module
     resume_gc()  # set-up is built (the command line paused the collector for it)
-    metrics = validate_exported(model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device)
+    metrics = validate_exported(
+        model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device, single_cls=datamodule.single_cls
+    )
     unfreeze_start_up()
     out, results = HydraConfig.get().runtime.output_dir, metric.per_class()
     return metrics, (results, list(names), write_outputs(results, names, out, bool(cfg.get("plots", True))))

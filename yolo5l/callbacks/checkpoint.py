@@ -115,6 +115,9 @@ class LastCheckpoint(ModelCheckpoint):
             (best.pt, its weights, is always kept).
         dirpath: output folder.
         weights_name: file name of the stripped weights written at the end of fit (None: do not write).
+        save_period: also keep `epoch<N>.ckpt`, the training checkpoint at the end of epoch N (0-based), for every
+            N divisible by it (YOLOv5's `--save-period`; < 1: none). Each resumes (`resume=`) and loads (`weights=`)
+            as last.ckpt does.
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class LastCheckpoint(ModelCheckpoint):
         save_best: bool = False,
         dirpath: str | os.PathLike | None = None,
         weights_name: str | None = "weights.pt",
+        save_period: int = -1,
     ) -> None:
         super().__init__(
             dirpath=dirpath,
@@ -137,6 +141,7 @@ class LastCheckpoint(ModelCheckpoint):
         self.best_fitness: float | None = None
         self.best_epoch: int | None = None
         self.weights_name = weights_name
+        self.save_period = int(save_period)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -166,6 +171,18 @@ class LastCheckpoint(ModelCheckpoint):
             save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), state_dict=weights)
         except ValueError as e:  # non-finite weights: the previous best.pt stays
             rank_zero_warn(str(e))
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)  # last.ckpt
+        epoch = trainer.current_epoch
+        periodic = self.save_period > 0 and epoch % self.save_period == 0
+        if periodic and trainer.state.fn == "fit" and not (trainer.fast_dev_run or trainer.sanity_checking):
+            # v7.0 train.py: `if opt.save_period > 0 and epoch % opt.save_period == 0: torch.save(ckpt, w /
+            # f'epoch{epoch}.pt')`. A checkpoint of its own (on every rank: a collective), written atomically.
+            with stop_on_write_error(trainer):
+                path = os.path.join(self.dirpath, f"epoch{epoch}{self.FILE_EXTENSION}")
+                trainer.save_checkpoint(path, weights_only=False)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -1,27 +1,25 @@
 """``YOLODataModule``: datasets, sharded samplers and dataloaders that keep the accelerator fed.
 
 - Each rank reads (and caches) a fixed shard of the training images and reshuffles it every epoch
-  (:class:`ShardSampler`, YOLOv5 PR #10383's scheme), so the RAM cache is 1/world of the dataset per rank.
-  Lightning 2.6 calls ``set_epoch`` on any ``dataloader.sampler`` that has one (``_set_sampler_epoch`` in the
-  fit loop, before the epoch's ``iter``), so the epoch reaches the sampler without extra hooks; the Trainer
-  must run with ``use_distributed_sampler=False`` so Lightning keeps these samplers.
-- Validation ranks get contiguous runs of whole rectangular batches (:class:`ValShardSampler`): no image
-  is read twice, and the metric syncs across ranks.
+  (:class:`~yolo5l.data.samplers.ShardSampler`), so the RAM cache is 1/world of the dataset per rank; validation
+  ranks get contiguous runs of whole rectangular batches (:class:`~yolo5l.data.samplers.ValShardSampler`).
 - close_mosaic and the augmentation's random key travel with the sampled indices
   ``(index, mosaic_allowed, (seed, epoch, rank))``: the sampler runs in the main process and knows the epoch, so
   persistent workers (which hold their own dataset copies) follow it, and every sample's augmentation is a pure
   function of (seed, epoch, rank, index): the same for any ``num_workers`` and after a resume in a new process.
-- Images travel as uint8 and become float in [0, 1] on the device (``on_after_batch_transfer``).
+- Images travel as uint8 and become float in [0, 1] on the device (``on_after_batch_transfer``), where training
+  batches are also grouped by four (``quad``) and resized (``multi_scale``): :mod:`yolo5l.data.batch_transforms`.
+- v7.0 ``train.py``'s data options: ``single_cls``, ``rect``, ``image_weights`` (:mod:`yolo5l.data.image_weights`),
+  ``multi_scale``, ``quad``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,117 +29,16 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
+from yolo5l.data.batch_transforms import TrainBatchTransform
 from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import DatasetSpec, load_dataset_file
+from yolo5l.data.image_weights import ImageWeights
 from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.samplers import ShardSampler, ValShardSampler, rect_shard
 from yolo5l.data.synthetic import ensure_synthetic
 from yolo5l.hardware import loader_workers
 
-
-# --------------------------------------------------------------------------------------------- samplers
-class ShardSampler(Sampler[tuple[int, bool, tuple[int, int, int]]]):
-    """Training sampler: a fixed shard of the indices per rank, shuffled within the shard every epoch.
-
-    The dataset is permuted once with ``seed`` and padded (wrapping around) to a multiple of ``world_size`` so
-    all ranks run the same number of batches; rank r takes every world_size-th element from r. Each epoch
-    the shard is shuffled with ``(seed, epoch, rank)``. Items are ``(index, mosaic_allowed, (seed, epoch, rank))``
-    where ``mosaic_allowed`` is False from epoch ``mosaic_off_from`` on (close_mosaic) and the last element is the
-    key from which the dataset seeds the sample's augmentation (with the index appended).
-
-    Args:
-        num_samples: Dataset length.
-        rank: This process's rank.
-        world_size: Number of ranks.
-        seed: Seed of the shard split and of the per-epoch shuffles.
-        shuffle: Shuffle within the shard each epoch.
-        mosaic_off_from: First epoch without mosaic; None keeps mosaic on.
-    """
-
-    def __init__(
-        self,
-        num_samples: int,
-        rank: int = 0,
-        world_size: int = 1,
-        seed: int = 0,
-        shuffle: bool = True,
-        mosaic_off_from: int | None = None,
-    ) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
-        if num_samples < 1:
-            raise ValueError("ShardSampler needs at least one sample")
-        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
-        self.seed, self.shuffle = seed, shuffle
-        self.mosaic_off_from = mosaic_off_from
-        self.epoch = 0
-        self._resume: tuple[int, int] | None = None  # (epoch, items of it already trained): see resume_at
-        if world_size == 1:
-            self.indices = np.arange(num_samples)
-        else:
-            perm = np.random.default_rng(seed).permutation(num_samples)
-            total = math.ceil(num_samples / world_size) * world_size
-            perm = np.resize(perm, total)  # wraps around: a few images repeat so every rank has equal length
-            self.indices = np.sort(perm[rank::world_size])
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning's fit loop before each epoch."""
-        self.epoch = int(epoch)
-        if self._resume is not None and self._resume[0] != self.epoch:
-            self._resume = None  # the resumed epoch is over (or the checkpoint was an epoch end's)
-
-    def resume_at(self, epoch: int, items_done: int) -> None:
-        """Leave out the first `items_done` items of epoch `epoch`, which a run resumed from a mid-epoch checkpoint
-        has already trained on: the rest of that epoch comes in the same order with the same augmentation keys as in
-        the interrupted run, and nothing twice. Later epochs are whole. `len()` is unchanged, so Lightning's count
-        of the epoch's batches (which continues from the checkpoint) stays the same.
-        """
-        self._resume = (int(epoch), max(0, int(items_done)))
-
-    @property
-    def mosaic(self) -> bool:
-        """Whether this epoch may use mosaic."""
-        return self.mosaic_off_from is None or self.epoch < self.mosaic_off_from
-
-    def __iter__(self) -> Iterator[tuple[int, bool, tuple[int, int, int]]]:
-        order = self.indices
-        key = (self.seed, self.epoch, self.rank)
-        if self.shuffle:
-            order = order[np.random.default_rng(key).permutation(len(order))]
-        if self._resume is not None and self._resume[0] == self.epoch:
-            order = order[self._resume[1] :]
-        mosaic = self.mosaic
-        return iter([(int(i), mosaic, key) for i in order])
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
-class ValShardSampler(Sampler[int]):
-    """Validation sampler: rank r gets a contiguous run of whole batches of the (aspect-sorted) dataset.
-
-    Runs start on batch boundaries so the rectangular batch shapes computed over the whole dataset stay
-    valid; no index is repeated across ranks (so the synced metrics count each image once). Ranks may get
-    a different number of batches (one batch apart at most).
-
-    Args:
-        num_samples: Dataset length.
-        batch_size: Validation batch size (the one the rect shapes were computed with).
-        rank: This process's rank.
-        world_size: Number of ranks.
-    """
-
-    def __init__(self, num_samples: int, batch_size: int, rank: int = 0, world_size: int = 1) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
-        nb = math.ceil(num_samples / batch_size)
-        b0, b1 = rank * nb // world_size, (rank + 1) * nb // world_size
-        self.indices = np.arange(b0 * batch_size, min(b1 * batch_size, num_samples))
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices.tolist())
-
-    def __len__(self) -> int:
-        return len(self.indices)
+__all__ = ["ShardSampler", "ValShardSampler", "YOLODataModule", "seed_worker"]
 
 
 # --------------------------------------------------------------------------------------------- workers
@@ -203,6 +100,14 @@ class YOLODataModule(LightningDataModule):
             with the compute and make the main process pay copy-on-write faults).
         seed: Seed of the shard split, the per-epoch shuffles and the workers' generator.
         channels_last: Return images in channels_last memory format from ``on_after_batch_transfer``.
+        single_cls: Train (and validate) every class as class 0, named "item" unless the dataset has one class
+            (v7.0 ``--single-cls``).
+        rect: Rectangular training batches (v7.0 ``--rect``): images sorted by aspect ratio, each batch letterboxed
+            to its own shape (no padding beyond the stride), in order, without mosaic.
+        image_weights: Draw each epoch's images by weight (v7.0 ``--image-weights``): rare classes and classes with
+            a low mAP at the last validation are drawn more often (:mod:`yolo5l.data.image_weights`).
+        multi_scale: Resize each training batch to a size drawn in [0.5, 1.5] x ``imgsz`` (v7.0 ``--multi-scale``).
+        quad: Group each training batch's images by four into images of twice the size (v7.0 ``--quad``).
     """
 
     def __init__(
@@ -224,12 +129,19 @@ class YOLODataModule(LightningDataModule):
         val_num_workers: int | None = None,
         seed: int = 0,
         channels_last: bool = False,
+        single_cls: bool = False,
+        rect: bool = False,
+        image_weights: bool = False,
+        multi_scale: bool = False,
+        quad: bool = False,
     ) -> None:
         super().__init__()
         if cache not in ("none", "ram", "disk"):
             raise ValueError(f"data.cache must be none, ram or disk, got {cache!r}")
         if imgsz % 32:
             raise ValueError(f"data.imgsz={imgsz} must be a multiple of 32 (the model's largest stride)")
+        if rect and image_weights:
+            raise ValueError("data.rect and data.image_weights exclude each other (v7.0 drops rect then)")
         self.file = file
         self.synthetic = dict(synthetic) if synthetic is not None else {}
         self.imgsz = int(imgsz)
@@ -249,6 +161,11 @@ class YOLODataModule(LightningDataModule):
         self.val_num_workers = None if val_num_workers is None else int(val_num_workers)
         self.seed = int(seed)
         self.channels_last = channels_last
+        self.single_cls, self.rect, self.image_weights = bool(single_cls), bool(rect), bool(image_weights)
+        self.batch_transform = TrainBatchTransform(self.imgsz, quad=quad, multi_scale=multi_scale, seed=self.seed)
+        self._image_weights: ImageWeights | None = None
+        self._maps_seen: object = None  # the module's last class_maps array taken (see _take_class_maps)
+        self._grid: int | None = None  # multi_scale's grid: the model's largest stride, at least 32
         self._spec: DatasetSpec | None = None
         self._indices: dict[str, Any] = {}  # split -> label index: scanned once per process
         self.train_dataset: YOLODataset | None = None
@@ -269,13 +186,14 @@ class YOLODataModule(LightningDataModule):
 
     @property
     def names(self) -> list[str]:
-        """Class names."""
-        return list(self.spec.names)
+        """Class names (``single_cls``: v7.0's ``["item"]``, or the dataset's one name)."""
+        names = list(self.spec.names)
+        return ["item"] if self.single_cls and len(names) != 1 else names
 
     @property
     def num_classes(self) -> int:
         """Number of classes."""
-        return self.spec.num_classes
+        return 1 if self.single_cls else self.spec.num_classes
 
     def _scan(self, split: str):
         # prepare_data (local rank 0) and setup both need the index: one scan or cache check per process, which on a
@@ -310,10 +228,18 @@ class YOLODataModule(LightningDataModule):
         if stage in (None, "fit") and self.train_dataset is None:
             index = self._scan("train")
             ds = YOLODataset(
-                index, self.imgsz, augment=True, hyp=self.hyp, batch_size=self.rank_batch_size, cache=self.cache,
-                cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix="train: ",
+                index, self.imgsz, augment=True, hyp=self.hyp, rect=self.rect, batch_size=self.rank_batch_size,
+                cache=self.cache, cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, pad=0.0,
+                prefix="train: ", single_cls=self.single_cls,
             )  # fmt: skip
-            self.train_sampler = ShardSampler(len(ds), rank, world, seed=self.seed)
+            # rect: whole batches of the aspect-sorted images, in order (v7.0 turns the shuffle off for --rect)
+            order = rect_shard(len(ds), self.rank_batch_size, rank, world) if self.rect else None
+            self.train_sampler = ShardSampler(
+                len(ds), rank, world, seed=self.seed, shuffle=not self.rect, indices=order
+            )
+            if self.image_weights:
+                self._image_weights = ImageWeights(ds.labels, self.num_classes)
+                self.train_sampler.set_image_weights(self._epoch_image_weights)
             ds.set_indices(self.train_sampler.indices)
             cache_line = ds.fill_cache()
             self.train_dataset = ds
@@ -325,6 +251,7 @@ class YOLODataModule(LightningDataModule):
             ds = YOLODataset(
                 index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch, cache=self.cache,
                 cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix="val: ",
+                single_cls=self.single_cls,
             )  # fmt: skip
             self.val_sampler = ValShardSampler(len(ds), val_batch, rank, world)
             ds.set_indices(self.val_sampler.indices)
@@ -340,19 +267,40 @@ class YOLODataModule(LightningDataModule):
 
         Returns:
             ``{"train_epoch", "train_batches_done"}``: the sampler's epoch and the batches of it whose training step
-            ran (all of them at an epoch end, where the next epoch starts whole); empty outside fit.
+            ran (all of them at an epoch end, where the next epoch starts whole); empty outside fit. With
+            ``image_weights`` also ``"image_weights_maps"``: the per-class mAPs the next epoch draws with.
         """
         trainer = getattr(self, "trainer", None)
         if trainer is None or self.train_sampler is None or getattr(trainer, "fit_loop", None) is None:
             return {}
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed  # counted before on_train_batch_end
-        return {"train_epoch": int(self.train_sampler.epoch), "train_batches_done": int(done)}
+        state: dict[str, Any] = {"train_epoch": int(self.train_sampler.epoch), "train_batches_done": int(done)}
+        if self._image_weights is not None:
+            self._take_class_maps()
+            state.update(self._image_weights.state_dict())
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Take the position `state_dict` saved; the training loader applies it to the sampler (Lightning restores the
         datamodule after `setup` and before it asks for the loader)."""
         if "train_epoch" in state_dict:
             self._train_resume = (int(state_dict["train_epoch"]), int(state_dict.get("train_batches_done", 0)))
+        if self._image_weights is not None:
+            self._image_weights.load_state_dict(state_dict)
+
+    # ----------------------------------------------------------------------------------------- image weights
+    def _take_class_maps(self) -> None:
+        """Take the per-class mAPs of the module's latest validation in fit (`YOLOv5Module.class_maps`), if newer."""
+        maps = getattr(getattr(getattr(self, "trainer", None), "lightning_module", None), "class_maps", None)
+        if maps is not None and maps is not self._maps_seen and self._image_weights is not None:
+            self._maps_seen = maps
+            self._image_weights.update_maps(maps)
+
+    def _epoch_image_weights(self) -> np.ndarray:
+        """Every training image's weight for the epoch starting now (the sampler asks when its iterator is made)."""
+        assert self._image_weights is not None
+        self._take_class_maps()
+        return self._image_weights()
 
     # ----------------------------------------------------------------------------------------- loaders
     @property
@@ -444,10 +392,36 @@ class YOLODataModule(LightningDataModule):
             self.val_dataset, self.val_sampler, self.val_dataset.batch_size, self._dist()[0], self._val_workers()
         )
 
+    def _training_batch(self) -> tuple[int, int] | None:
+        """(epoch, batch index) of the training batch being moved to the device, None for any other batch."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or not trainer.training or not self.batch_transform.active:
+            return None
+        # Lightning moves the batch before it counts it ready: its index is the loop's batch_idx + 1, which a resumed
+        # loop restores (so the draws keyed by it repeat the interrupted run's).
+        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_idx + 1
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Training batches with ``quad``: targets, paths and shapes of the grouped images (on the host)."""
+        at = self._training_batch()
+        return batch if at is None else self.batch_transform.before_transfer(batch, *at, self._dist()[0])
+
+    def _grid_size(self) -> int:
+        if self._grid is None:
+            stride = getattr(getattr(getattr(self.trainer, "lightning_module", None), "model", None), "stride", None)
+            # once per run: a read of the model's (nl,) stride buffer, which may sit on the device
+            self._grid = max(int(stride.max()), 32) if isinstance(stride, torch.Tensor) else 32
+        return self._grid
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device (optionally channels_last)."""
+        """uint8 (B, 3, H, W) -> float32 in [0, 1] on the device (optionally channels_last); training batches grouped
+        by four (``quad``) and resized (``multi_scale``) there."""
         images, targets, paths, shapes = batch
-        images = images.float().div_(255)  # keeps the batch's memory format (channels_last from collate_fn)
+        at = self._training_batch()
+        if at is None:
+            images = images.float().div_(255)  # keeps the batch's memory format (channels_last from collate_fn)
+        else:
+            images = self.batch_transform.after_transfer(images, *at, self._grid_size())
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = images.contiguous(memory_format=memory_format)  # a no-op when it already is
         return images, targets, paths, shapes

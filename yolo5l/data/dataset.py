@@ -7,13 +7,14 @@ their rectangular batch.
 
 Items are ``(image uint8 (3, H, W) RGB, labels float32 (n, 6) [0, cls, cx, cy, w, h], path, shapes)``;
 ``shapes`` is ``((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h)))`` for letterboxed images and None for mosaics.
-An index may be an int, ``(int, mosaic_allowed)`` or ``(int, mosaic_allowed, key)``: the training sampler sends
-the last form, which is how close_mosaic reaches persistent worker processes without any shared state, and how
-each sample gets its own random generator, ``np.random.default_rng((*key, index))`` with ``key = (seed, epoch,
-rank)``: the augmentation of a sample is then a pure function of (seed, epoch, rank, index), the same whichever
-worker process draws it and whatever ran before in that process (so ``num_workers`` does not change the batches,
-and a run resumed in a new process replays the uninterrupted one). The shorter forms draw a generator seed from
-the global ``np.random`` state (seeded per worker by the loader's worker init function).
+An index may be an int, ``(int, mosaic_allowed)``, ``(int, mosaic_allowed, key)`` or ``(int, mosaic_allowed, key,
+partners)``: the training sampler sends the third form (the fourth with image weights: the item carries its mosaics'
+partners, which v7.0 draws from the weighted indices), which is how close_mosaic reaches persistent worker processes
+without any shared state, and how each sample gets its own random generator, ``np.random.default_rng((*key,
+index))`` with ``key = (seed, epoch, rank)``: the augmentation of a sample is then a pure function of (seed, epoch,
+rank, index), the same whichever worker process draws it and whatever ran before in that process (so ``num_workers``
+does not change the batches, and a run resumed in a new process replays the uninterrupted one). The shorter forms
+draw a generator seed from the global ``np.random`` state (seeded per worker by the loader's worker init function).
 
 Reference: YOLOv5 v7.0 utils/dataloaders.py LoadImagesAndLabels (behaviour).
 """
@@ -35,7 +36,7 @@ from yolo5l.data.cache import ImageCache
 from yolo5l.data.label_scan import LabelIndex
 
 Shapes = tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]]
-Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]]
+Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]] | tuple[int, bool, Sequence[int], Sequence[int]]
 
 
 def sample_rng(index: int, key: Sequence[int] | None = None) -> np.random.Generator:
@@ -54,7 +55,8 @@ class YOLODataset(Dataset):
         imgsz: Training image size / long side of validation images (multiple of ``stride``).
         augment: Train mode with augmentation; False gives validation letterboxing.
         hyp: Augmentation hyperparameters (``conf/hyp`` keys); missing keys take scratch-low values.
-        rect: Rectangular batches (sorted by aspect ratio); needs ``batch_size``. Default: ``not augment``.
+        rect: Rectangular batches (sorted by aspect ratio); needs ``batch_size``. Default: ``not augment``. In train
+            mode (v7.0 ``--rect``) each image is letterboxed to its batch's shape and never part of a mosaic.
         batch_size: Batch size used to compute the rectangular batch shapes.
         cache: "none", "ram" or "disk" (see :class:`~yolo5l.data.cache.ImageCache`).
         cache_dir: Disk cache folder.
@@ -63,6 +65,7 @@ class YOLODataset(Dataset):
         stride: Model's maximum stride.
         pad: Rectangular batch padding in units of ``stride``.
         prefix: Message prefix, e.g. "train: ".
+        single_cls: Every label becomes class 0 (v7.0 ``--single-cls``).
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class YOLODataset(Dataset):
         stride: int = aug.MAX_STRIDE,
         pad: float = aug.RECT_PAD,
         prefix: str = "",
+        single_cls: bool = False,
     ) -> None:
         if imgsz % stride:
             raise ValueError(f"imgsz={imgsz} must be a multiple of the stride {stride}")
@@ -98,6 +102,8 @@ class YOLODataset(Dataset):
         self.batch_size = batch_size
         self.im_files = im_files
         self.labels = [np.asarray(lb, dtype=np.float32).reshape(-1, 5) for lb in labels]
+        if single_cls:  # new arrays: the label index keeps its classes
+            self.labels = [np.concatenate((np.zeros_like(lb[:, :1]), lb[:, 1:]), 1) for lb in self.labels]
         self.shapes = shapes  # (n, 2) original [h, w]
         # Indices that mosaic / mixup partners are drawn from: under DDP the rank's shard, so that a RAM cache
         # of the shard covers every image this rank reads.
@@ -131,18 +137,22 @@ class YOLODataset(Dataset):
         h0, w0 = (int(v) for v in self.shapes[i])
         return img, (h0, w0), img.shape[:2]
 
-    def load_mosaic(self, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    def load_mosaic(
+        self, index: int, rng: np.random.Generator, partners: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """4-image mosaic + copy-paste + random perspective (border -s/2): (s x s image, (n, 5) xyxy labels).
 
         Draws the centre, the 3 partners, their order, then copy-paste's and the perspective's draws. With an affine
         warp and no copy-paste (the default hyp) the images are warped straight into the output
         (:func:`~yolo5l.data.augment.mosaic4_perspective`); otherwise they are placed on the 2s x 2s canvas first,
         which copy-paste edits and a perspective warp reads whole. Both give the same labels for the same draws. The
-        direct warp loads only the images the output shows (their sizes come from the label scan).
+        direct warp loads only the images the output shows (their sizes come from the label scan). ``partners``
+        (3 indices) replaces the draw of the partners (image weights: the sampler draws them).
         """
         s, h = self.imgsz, self.hyp
         xc, yc = (int(rng.uniform(-b, 2 * s + b)) for b in self.mosaic_border)  # U(s/2, 3s/2)
-        idx = [index, *(int(i) for i in rng.choice(self.indices, size=3))]
+        others = rng.choice(self.indices, size=3) if partners is None else partners
+        idx = [index, *(int(i) for i in others)]
         idx = [idx[i] for i in rng.permutation(4)]
         labels = [self.labels[i] for i in idx]
         if h["copy_paste"] or h["perspective"]:
@@ -202,25 +212,34 @@ class YOLODataset(Dataset):
 
     # ----------------------------------------------------------------------------------------- item
     def __getitem__(self, item: Item) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
-        """Sample ``item`` (an index, ``(index, mosaic_allowed)`` or ``(index, mosaic_allowed, rng key)``)."""
+        """Sample ``item`` (an index, ``(index, mosaic_allowed)``, ``(index, mosaic_allowed, rng key)`` or
+        ``(index, mosaic_allowed, rng key, 6 mosaic partners)``)."""
+        partners = None
         if isinstance(item, (int, np.integer)):
             index, mosaic_allowed, key = int(item), True, None
         else:
             index, mosaic_allowed, key = int(item[0]), bool(item[1]), (item[2] if len(item) > 2 else None)
+            partners = tuple(item[3]) if len(item) > 3 else None
         if not self.augment:
             return self._item(index, mosaic_allowed, None)
-        return self._item(index, mosaic_allowed, sample_rng(index, key))
+        return self._item(index, mosaic_allowed, sample_rng(index, key), partners)
 
     def _item(
-        self, index: int, mosaic_allowed: bool, rng: np.random.Generator | None
+        self,
+        index: int,
+        mosaic_allowed: bool,
+        rng: np.random.Generator | None,
+        partners: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
         h = self.hyp
-        if rng is not None and mosaic_allowed and rng.random() < h["mosaic"]:
-            img, labels = self.load_mosaic(index, rng)
+        # v7.0: no mosaic in rectangular training (`self.mosaic = augment and not rect`), and then no draw for it.
+        if rng is not None and mosaic_allowed and not self.rect and rng.random() < h["mosaic"]:
+            img, labels = self.load_mosaic(index, rng, None if partners is None else partners[:3])
             shapes = None
             if rng.random() < h["mixup"]:
-                partner = int(rng.choice(self.indices))
-                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner, rng), rng=rng)
+                partner = int(rng.choice(self.indices))  # uniform, weighted or not (v7.0: random.randint(0, n - 1))
+                more = None if partners is None else partners[3:6]
+                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner, rng, more), rng=rng)
         else:
             img, labels, shapes = self._letterboxed(index)
             if rng is not None:
