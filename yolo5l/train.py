@@ -44,6 +44,7 @@ from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.errors import UserError
+from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
 from yolo5l.tracking import finish_run, instantiate_entries
 
@@ -120,6 +121,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir.parent, exclude=output_dir)
     if ckpt_path is not None:
         cfg = resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
+    else:  # a resumed run's config holds its hyp file's values already
+        cfg = apply_hyp_file(cfg, list(hc.overrides.task), output_dir)
     check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
 
     datamodule, module, trainer = build(cfg)
@@ -179,7 +182,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Console entry point (`python -m yolo5l.train`, `yolo5l-train`)."""
     try:
-        sys.argv[1:] = resume_in_place(sys.argv[1:])  # in place: DDP re-launches each rank with sys.argv
+        # in place: DDP re-launches each rank with sys.argv
+        sys.argv[1:] = hyp_file_argv(resume_in_place(sys.argv[1:]))
     except UserError as e:
         fail(str(e))
     run_entry_point(_hydra_main)
