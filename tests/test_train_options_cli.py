@@ -103,3 +103,21 @@ def test_every_option_trains_resumes_exactly_and_validates(tmp_path, synthetic):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "item" in proc.stdout
+
+
+# ultralytics/yolov5 v7.0 train.py::parse_opt: every argument, aliases included
+V7_TRAIN_FLAGS = (
+    "weights", "cfg", "data", "hyp", "epochs", "batch-size", "imgsz", "img", "img-size", "rect", "resume", "nosave",
+    "noval", "noautoanchor", "noplots", "evolve", "bucket", "cache", "image-weights", "device", "multi-scale",
+    "single-cls", "optimizer", "sync-bn", "workers", "project", "name", "exist-ok", "quad", "cos-lr",
+    "label-smoothing", "patience", "freeze", "save-period", "seed", "local_rank", "entity", "upload_dataset",
+    "bbox_interval", "artifact_alias",
+)  # fmt: skip
+
+
+def test_the_flag_table_has_every_v7_train_flag():
+    table = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| `--")]
+    flags = [f.lstrip("-") for row in rows for f in row.split("|")[1].replace("`", " ").split() if f.startswith("--")]
+    assert sorted(set(flags)) == sorted(V7_TRAIN_FLAGS)
+    assert all(row.split("|")[2].strip() for row in rows)  # each has a yolo5l form, or says why none
