@@ -16,6 +16,7 @@ from yolo5l.config import check_train_config, compose_config
 from yolo5l.errors import UserError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+SYNTHETIC = ["data.synthetic.num_train=16", "data.synthetic.num_val=8", "data.synthetic.seed=0"]
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def synthetic(tmp_path_factory) -> Path:
     from yolo5l.data.synthetic import ensure_synthetic
 
     root = tmp_path_factory.mktemp("synthetic")
-    ensure_synthetic(root=root, num_train=16, num_val=8, seed=0, min_side=60, max_side=120)
+    ensure_synthetic(root=root, num_train=16, num_val=8, seed=0)  # as SYNTHETIC says
     return root
 
 
@@ -35,7 +36,8 @@ def test_val_single_cls_takes_a_model_of_any_class_count(tmp_path, synthetic, on
 
     names = ["rectangle", "ellipse", "triangle", "cross"]
     weights = save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125), tmp_path / "w.pt", names, imgsz=64)
-    common = [f"weights={weights}", f"data.synthetic.root={synthetic}", "data.imgsz=64", "trainer.accelerator=cpu"]
+    common = [f"weights={weights}", f"data.synthetic.root={synthetic}", *SYNTHETIC, "data.imgsz=64"]
+    common.append("trainer.accelerator=cpu")
     cfg = compose_config([*common, "data.single_cls=true", "plots=false"], "val", output_dir=tmp_path / "val")
     metrics = validate_weights(cfg)
     assert "val/map" in metrics
@@ -47,6 +49,40 @@ def test_val_single_cls_takes_a_model_of_any_class_count(tmp_path, synthetic, on
     cfg = compose_config([*common[:1], f"data.file={other}", "data.imgsz=64"], "val", tmp_path / "v2")
     with pytest.raises(UserError, match="predicts 4 classes"):  # without it, a one-class dataset is refused
         validate_weights(cfg)
+
+
+def test_exported_file_validation_single_cls(synthetic):
+    """An exported model is judged the same way: NMS across classes, every detection class 0."""
+    from yolo5l.data.datamodule import YOLODataModule
+    from yolo5l.exported import validate_exported
+
+    def model(images: torch.Tensor) -> torch.Tensor:  # two overlapping boxes of classes 2 and 3 in every image
+        boxes = torch.tensor([[30.0, 30, 20, 20, 0.9, 0, 0, 0.9, 0.1], [31.0, 30, 20, 20, 0.8, 0, 0, 0.1, 0.9]])
+        return boxes.expand(images.shape[0], 2, 9)
+
+    class Capture:
+        def __init__(self) -> None:
+            self.seen: list = []
+
+        def to(self, device):
+            return self
+
+        def update(self, dets, gt):
+            self.seen.append((dets, gt))
+
+        def compute(self):
+            return {"map": torch.tensor(0.0)}
+
+    spec = {"root": str(synthetic), "num_train": 16, "num_val": 8, "seed": 0}
+    dm = YOLODataModule(synthetic=spec, imgsz=64, batch_size=4, num_workers=0, single_cls=True)
+    capture = Capture()
+    validate_exported(model, dm, capture, single_cls=True)
+    dets = [d for batch, _ in capture.seen for d in batch]
+    gts = [g for _, batch in capture.seen for g in batch]
+    assert len(dets) == 8
+    assert all(len(d) == 1 and d[0, 5] == 0 for d in dets)
+    assert all((g[:, 4] == 0).all() for g in gts)
+    assert sum(len(g) for g in gts) > 0
 
 
 def test_bad_option_values_are_one_line(tmp_path):
@@ -71,7 +107,7 @@ def test_every_option_trains_resumes_exactly_and_validates(tmp_path, synthetic):
     hyp.write_text("mixup: 0.3\nlr0: 0.02\n")
     run = tmp_path / "run"
     args = [
-        "experiment=smoke", f"data.synthetic.root={synthetic}", "data.imgsz=64", "data.batch_size=8",
+        "experiment=smoke", f"data.synthetic.root={synthetic}", *SYNTHETIC, "data.imgsz=64", "data.batch_size=8",
         "trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=csv",
         "~callbacks.batch_plotter", "data.single_cls=true", "data.image_weights=true", "data.multi_scale=true",
         "data.quad=true", "callbacks.checkpoint.save_period=1", f"hyp={hyp}",
@@ -97,6 +133,7 @@ def test_every_option_trains_resumes_exactly_and_validates(tmp_path, synthetic):
             assert torch.equal(resumed[part][k], v), f"{part}[{k}]"
 
     cmd = [sys.executable, "-m", "yolo5l.val", f"weights={ckpts / 'weights.pt'}", f"data.synthetic.root={synthetic}"]
+    cmd += SYNTHETIC
     proc = subprocess.run(
         [*cmd, "data.single_cls=true", f"hydra.run.dir={tmp_path / 'val'}", "trainer.accelerator=cpu"],
         capture_output=True, text=True, env=ENV, timeout=600,
