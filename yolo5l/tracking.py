@@ -324,7 +324,7 @@ def write_best_hyp(sweep_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] 
     hyp = OmegaConf.load(job_config).hyp
     header = (
         f"# The best trial of the search in {sweep_dir}: job {best['job']}, val/fitness {float(best['fitness']):.6g}\n"
-        "# (its best validation). A hyp option: copy it to conf/hyp/<name>.yaml and train with hyp=<name>.\n"
+        f"# (its best validation). Train with it: python -m yolo5l.train hyp={sweep_dir / 'best_hyp.yaml'}\n"
     )
     path = sweep_dir / "best_hyp.yaml"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
