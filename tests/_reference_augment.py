@@ -127,12 +127,15 @@ def reference_mosaic4(
     return canvas, lab4
 
 
-def reference_load_mosaic(ds, index: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """``YOLODataset.load_mosaic`` through the canvas: the same draws in the same order (centre, partners,
-    permutation, copy-paste, perspective), from the dataset ``ds``'s images, labels, size and hyp."""
+def reference_load_mosaic(
+    ds, index: int, rng: np.random.Generator, partners: list[int] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``YOLODataset.load_mosaic`` through the canvas: the same draws in the same order (centre, partners unless
+    given, permutation, copy-paste, perspective), from the dataset ``ds``'s images, labels, size and hyp."""
     s = ds.imgsz
     xc, yc = (int(rng.uniform(-b, 2 * s + b)) for b in ds.mosaic_border)
-    idx = [index, *(int(i) for i in rng.choice(ds.indices, size=3))]
+    others = rng.choice(ds.indices, size=3) if partners is None else partners
+    idx = [index, *(int(i) for i in others)]
     idx = [idx[i] for i in rng.permutation(4)]
     images = [ds.load_image(i)[0] for i in idx]
     img, labels = reference_mosaic4(images, [ds.labels[i] for i in idx], s, (xc, yc))
