@@ -68,7 +68,7 @@ class FourLevels(nn.Module):
     def decode(self, heads: list[Tensor]) -> Tensor:
         out = []
         for h, s in zip(heads, self.stride.tolist(), strict=True):
-            b, na, ny, nx, no = h.shape
+            b, _, ny, nx, no = h.shape
             y = h.sigmoid()
             gy, gx = torch.meshgrid(torch.arange(ny), torch.arange(nx), indexing="ij")
             grid = torch.stack((gx, gy), -1).view(1, 1, ny, nx, 2).float()
@@ -134,7 +134,9 @@ def test_pieces_by_hand():
     torch.testing.assert_close(descale(pred, 2, 0.5, (100, 60)), torch.tensor([[[20.0, 60.0, 8.0, 16.0, 0.9, 0.5]]]))
     a, b = torch.arange(21.0).view(1, 21, 1), torch.arange(21.0).view(1, 21, 1)
     first, last = clip_tails([a, b], [[16, 4, 1], [16, 4, 1]])
-    assert first.shape[1] == 20 and last.shape[1] == 5 and last[0, 0, 0] == 16
+    assert first.shape[1] == 20
+    assert last.shape[1] == 5
+    assert last[0, 0, 0] == 16
 
 
 _REF_SCRIPT = r"""
@@ -157,8 +159,8 @@ def test_side_by_side_with_ultralytics_v7(yolov5n, tmp_path):
     """The same weights in the real v7.0 package (`model(x, augment=True)`) and in yolo5l."""
     import os
 
-    probe = subprocess.run([str(REF_PYTHON), "-c", "import yolov5, pathlib; print(pathlib.Path(yolov5.__file__).parent)"],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    where = "import yolov5, pathlib; print(pathlib.Path(yolov5.__file__).parent)"
+    probe = subprocess.run([str(REF_PYTHON), "-c", where], capture_output=True, text=True, timeout=300)
     if probe.returncode:
         pytest.skip(f"the reference venv cannot import yolov5: {probe.stderr.strip().splitlines()[-1:]}")
     yaml_path = Path(probe.stdout.strip().splitlines()[-1]) / "models" / "yolov5n.yaml"

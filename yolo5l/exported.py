@@ -278,12 +278,14 @@ def validate_exported(
     max_det: int = 300,
     device: str | torch.device = "cpu",
     single_cls: bool = False,
+    **loop_kwargs: Any,
 ) -> dict[str, float]:
     """The validation of `YOLOv5Module` for a callable that returns decoded boxes (no LightningModule, no loss).
 
-    The same batches, NMS, scaling back to the original images and ground truth as `YOLOv5Module.validation_step`,
-    so a file exported with dynamic=true gets the `.pt`'s metrics. A file of one fixed size cannot take the
-    rectangular batches, so it gets square ones at `data.imgsz`, as ultralytics' val.py gives exported models.
+    The same batches, NMS, scaling back to the original images and ground truth as `YOLOv5Module.validation_step`
+    (`yolo5l.val_tasks.validation_loop`), so a file exported with dynamic=true gets the `.pt`'s metrics. A file of
+    one fixed size cannot take the rectangular batches, so it gets square ones at `data.imgsz`, as ultralytics'
+    val.py gives exported models.
 
     Args:
         model: `ExportedModel` (or any callable images -> (B, N, 5 + nc)).
@@ -294,12 +296,12 @@ def validate_exported(
         max_det: Detections kept per image.
         device: Where the batches and the metric go.
         single_cls: NMS across classes and every detection class 0 (`YOLOv5Module(single_cls=True)`).
+        **loop_kwargs: `validation_loop`'s options (`saver`, `hybrid`, `times`).
 
     Returns:
         `val/<key>` -> value, as `trainer.validate` reports them.
     """
-    from yolo5l.boxes import non_max_suppression, xywh_to_xyxy
-    from yolo5l.module import YOLOv5Module
+    from yolo5l.val_tasks import validation_loop
 
     if getattr(model, "size", None) is not None:
         from yolo5l._cli import info
@@ -311,24 +313,7 @@ def validate_exported(
             f"{name} takes one input size: validating square {datamodule.imgsz} px images, not rectangular batches "
             "(the mAP differs from the .pt's; export with dynamic=true for the same)"
         )
-    metric = metric.to(device)
-    for batch in datamodule.val_dataloader():
-        images, targets, paths, shapes = batch
-        images, targets, _, shapes = datamodule.on_after_batch_transfer(
-            (images.to(device), targets.to(device), paths, shapes), 0
-        )
-        bsz, (h, w) = images.shape[0], images.shape[2:]
-        dets = non_max_suppression(
-            model(images), conf_thres=conf_thres, iou_thres=iou_thres, agnostic=single_cls, multi_label=True,
-            max_det=max_det, max_nms=30000,
-        )  # fmt: skip
-        if single_cls:
-            for det in dets:
-                det[:, 5] = 0
-        dets = YOLOv5Module._to_original(dets, (h, w), shapes)
-        # Ground truth in the same original-image pixels, as YOLOv5Module.validation_step builds it.
-        t = targets[torch.argsort(targets[:, 0], stable=True)]
-        gt_boxes = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
-        gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
-        metric.update(dets, YOLOv5Module._to_original([g.clone() for g in gt], (h, w), shapes))
-    return {f"val/{k}": float(v) for k, v in metric.compute().items()}
+    return validation_loop(
+        model, datamodule, torch.device(device), conf_thres, iou_thres, max_det, metric=metric, single_cls=single_cls,
+        **loop_kwargs,
+    )  # fmt: skip

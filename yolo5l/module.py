@@ -100,6 +100,10 @@ class YOLOv5Module(pl.LightningModule):
         single_cls: validate as one class (YOLOv5 val.py `--single-cls`): NMS across classes, every detection class
             0; `names` may then be one name for a model of any class count.
         quad: the training loss counts x4 (YOLOv5 train.py `--quad`: each image of a quad batch holds four).
+        augment: validate and predict with test-time augmentation (`yolo5l.tta.augmented_decode`: three scales,
+            one flipped); the validation loss stays that of the plain pass.
+        hybrid: add each image's labels to the NMS candidates at score 1 (`yolo5l.save_preds.with_label_candidates`,
+            v7.0's `--save-hybrid` for autolabelling); the metrics then count them too.
     """
 
     def __init__(
@@ -125,6 +129,8 @@ class YOLOv5Module(pl.LightningModule):
         max_nonfinite_steps: int = 50,
         single_cls: bool = False,
         quad: bool = False,
+        augment: bool = False,
+        hybrid: bool = False,
     ) -> None:
         super().__init__()
         names = _plain(names)  # before save_hyperparameters, which reads these locals
@@ -336,11 +342,27 @@ class YOLOv5Module(pl.LightningModule):
     def _net(self) -> nn.Module:
         return self._eval_model if self._eval_model is not None else self.model
 
-    def _detect(self, heads: Sequence[Tensor]) -> list[Tensor]:
+    def _decoded(self, images: Tensor, heads: Sequence[Tensor], targets: Tensor | None = None) -> Tensor:
+        """(B, N, 5 + C) boxes for NMS: the heads decoded, or every test-time augmentation pass (`augment`), plus the
+        labels as candidates (`hybrid`)."""
+        net = self._net()
+        if self.hparams.get("augment"):
+            from yolo5l.tta import augmented_decode
+
+            decoded = augmented_decode(net, images, heads)
+        else:
+            decoded = net.decode(heads)
+        if self.hparams.get("hybrid") and targets is not None:
+            from yolo5l.save_preds import with_label_candidates
+
+            decoded = with_label_candidates(decoded, targets, images.shape[2:])
+        return decoded
+
+    def _detect(self, decoded: Tensor) -> list[Tensor]:
         # One call for the batch: candidate selection runs batched, the NMS itself image by image (see boxes.py).
         single_cls = bool(self.hparams.get("single_cls"))
         dets = non_max_suppression(
-            self._net().decode(heads),
+            decoded,
             conf_thres=self.hparams.conf_thres,
             iou_thres=self.hparams.iou_thres,
             agnostic=single_cls,
@@ -372,7 +394,7 @@ class YOLOv5Module(pl.LightningModule):
         _, items = self.loss(heads, targets)  # targets are normalised to the letterboxed batch
         for name, value in zip(("box", "obj", "cls"), items, strict=True):
             self.log(f"val/loss_{name}", value, on_epoch=True, sync_dist=True, batch_size=bsz)
-        dets = self._to_original(self._detect(heads), (h, w), shapes)
+        dets = self._to_original(self._detect(self._decoded(images, heads, targets)), (h, w), shapes)
 
         # Ground truth per image, in the same original-image pixels (validation only: these sync the host).
         order = torch.argsort(targets[:, 0], stable=True)
@@ -400,4 +422,4 @@ class YOLOv5Module(pl.LightningModule):
             images, shapes = batch, None
         else:  # (images, targets, paths, shapes) like the validation batches
             images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
-        return self._to_original(self._detect(self.model(images)), images.shape[2:], shapes)
+        return self._to_original(self._detect(self._decoded(images, self._net()(images))), images.shape[2:], shapes)

@@ -1,9 +1,14 @@
-"""Validate weights on a dataset's val split: `python -m yolo5l.val weights=<weights.pt|yolov5s.pt> [data=...]`.
+"""Validate weights on a dataset split: `python -m yolo5l.val weights=<weights.pt|yolov5s.pt> [data=...] [task=...]`.
 
 Prints the mAP table (precision, recall, mAP@0.5, mAP@0.5:0.95) and writes it as `metrics.json` in the run folder,
 then the per-class table (`per_class.csv`) and, unless `plots=false`, ultralytics' validation plots
 (`yolo5l.callbacks.val_plots.ValidationPlots`; an exported file gets all but the drawn batches).
 The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...).
+
+`task=val|test|train` validates on that split of the data yaml; `task=speed` and `task=study` time the model
+(`yolo5l.val_tasks`). `augment=true` adds test-time augmentation (`yolo5l.tta`); `save_txt`, `save_conf`,
+`save_hybrid` and `save_json` save the predictions (`yolo5l.save_preds`), and a COCO results file is scored against
+the COCO annotations when they are there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from yolo5l._cli import (
 )
 from yolo5l.config import check_val_config
 from yolo5l.errors import UserError
+from yolo5l.save_preds import SavedOutputs, atomic_write_text
+from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
 if TYPE_CHECKING:
     from yolo5l.metrics import PerClassResults
@@ -50,19 +57,25 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
-    if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
+    check_val_options(cfg)
+    exported = is_exported(str(cfg.weights))
+    if str(cfg.task) in ("speed", "study"):
+        return run_timing_task(cfg, _set_imgsz)
+    if exported:  # an ONNX / TorchScript file: no LightningModule, a plain loop
         if cfg.data.get("imgsz") is None:
             from yolo5l.exported import load_exported
 
             _set_imgsz(cfg, load_exported(str(cfg.weights), "cpu")[2])
-        return _report(*_validate_exported(cfg, instantiate(cfg.data, _convert_="all")))
+        datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
+        saved = _saved_outputs(cfg, datamodule)
+        return _report(*_validate_exported(cfg, datamodule, saved), saved=saved)
     try:
         model, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     if cfg.data.get("imgsz") is None:
         _set_imgsz(cfg, loaded.imgsz)
-    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0
         raise UserError(
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
@@ -71,14 +84,38 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
     out = HydraConfig.get().runtime.output_dir
     plots = ValidationPlots(plots=bool(cfg.get("plots", True)), out_dir=out, print_table=False)  # printed below
-    trainer = instantiate(cfg.trainer, callbacks=[plots], _convert_="all", **trainer_policy(cfg.trainer))
+    saved = _saved_outputs(cfg, datamodule)
+    callbacks = [plots, *saved.callbacks()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, _convert_="all", **trainer_policy(cfg.trainer))
     resume_gc()  # set-up is built (the command line paused the collector for it)
     results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     metrics = {k: float(v) for k, v in results.items()}
     if not trainer.is_global_zero:
         return metrics
-    return _report(metrics, (plots.results, module.names, plots.files) if plots.results is not None else None)
+    per_class = (plots.results, module.names, plots.files) if plots.results is not None else None
+    return _report(metrics, per_class, saved=saved)
+
+
+def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
+    """What `save_txt`, `save_conf`, `save_hybrid` and `save_json` ask for (`save_json=null`: on for COCO's classes,
+    as v7.0 turns it on for coco.yaml)."""
+    from yolo5l.data.coco2yolo import COCO_NAMES
+
+    save_json = cfg.save_json if cfg.save_json is not None else tuple(datamodule.names) == COCO_NAMES
+    return SavedOutputs(
+        HydraConfig.get().runtime.output_dir,
+        save_txt=bool(cfg.save_txt or cfg.save_hybrid),  # v7.0: --save-hybrid implies --save-txt
+        save_conf=bool(cfg.save_conf),
+        save_json=bool(save_json),
+        anno_json=cfg.anno_json,
+        names=list(datamodule.names),
+        root=datamodule.spec.root,
+        split=datamodule.val_split,
+        weights=str(cfg.weights),
+        max_det=int(cfg.module.max_det),
+        image_files=lambda: datamodule.val_dataset.im_files,  # what was validated (the label scan's survivors)
+    )
 
 
 def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
@@ -89,7 +126,7 @@ def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
     info(f"data.imgsz: {cfg.data.imgsz} ({why})")
 
 
-def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, float], _PerClass]:
+def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) -> tuple[dict[str, float], _PerClass]:
     """Validate an exported file (`yolo5l.exported.validate_exported`) with the module config's NMS and metric."""
     import torch
 
@@ -112,21 +149,29 @@ def _validate_exported(cfg: DictConfig, datamodule: Any) -> tuple[dict[str, floa
     m = cfg.module
     resume_gc()  # set-up is built (the command line paused the collector for it)
     metrics = validate_exported(
-        model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device, single_cls=datamodule.single_cls
-    )
+        model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device, single_cls=datamodule.single_cls,
+        saver=saved.saver, hybrid=bool(cfg.save_hybrid),
+    )  # fmt: skip
     unfreeze_start_up()
     out, results = HydraConfig.get().runtime.output_dir, metric.per_class()
     return metrics, (results, list(names), write_outputs(results, names, out, bool(cfg.get("plots", True))))
 
 
-def _report(metrics: dict[str, float], per_class: _PerClass | None = None) -> dict[str, float]:
-    """Write `metrics.json` into the run folder and print the table, then the per-class table; returns `metrics`."""
+def _report(
+    metrics: dict[str, float], per_class: _PerClass | None = None, saved: SavedOutputs | None = None
+) -> dict[str, float]:
+    """Write `metrics.json` into the run folder and print the table, then the per-class table and the saved
+    predictions (scored against the COCO annotations when there are some); returns `metrics`."""
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    outputs: dict[str, Any] = {}
+    if saved is not None:
+        metrics.update(saved.finish())
+        outputs.update(saved.outputs())
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
     print("\n" + " ".join(f"{name:>13}" for name, _ in _TABLE))
     print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
-    outputs = {"metrics": relpath(out / "metrics.json")}
+    outputs = {"metrics": relpath(out / "metrics.json"), **outputs}
     if per_class is not None:
         from yolo5l.plots import format_per_class_table
 

@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo5l.data.batch_transforms import TrainBatchTransform
 from yolo5l.data.dataset import YOLODataset, collate_fn
-from yolo5l.data.dataset_yaml import DatasetSpec, load_dataset_file
+from yolo5l.data.dataset_yaml import ALL_SPLITS, DatasetSpec, load_dataset_file
 from yolo5l.data.image_weights import ImageWeights
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.samplers import ShardSampler, ValShardSampler, rect_shard
@@ -108,6 +108,7 @@ class YOLODataModule(LightningDataModule):
             a low mAP at the last validation are drawn more often (:mod:`yolo5l.data.image_weights`).
         multi_scale: Resize each training batch to a size drawn in [0.5, 1.5] x ``imgsz`` (v7.0 ``--multi-scale``).
         quad: Group each training batch's images by four into images of twice the size (v7.0 ``--quad``).
+        val_split: The split validation reads: "val", or "test" / "train" (`python -m yolo5l.val task=test`).
     """
 
     def __init__(
@@ -134,8 +135,12 @@ class YOLODataModule(LightningDataModule):
         image_weights: bool = False,
         multi_scale: bool = False,
         quad: bool = False,
+        val_split: str = "val",
     ) -> None:
         super().__init__()
+        if val_split not in ALL_SPLITS:
+            raise ValueError(f"val_split must be one of {ALL_SPLITS}, got {val_split!r}")
+        self.val_split = val_split
         if cache not in ("none", "ram", "disk"):
             raise ValueError(f"data.cache must be none, ram or disk, got {cache!r}")
         if imgsz % 32:
@@ -220,7 +225,7 @@ class YOLODataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Generate the synthetic dataset if needed and build the label caches (local rank 0)."""
         self._scan("train")
-        self._scan("val")
+        self._scan(self.val_split)
 
     def setup(self, stage: str | None = None) -> None:
         """Build the datasets of ``stage`` and fill this rank's image cache."""
@@ -246,11 +251,11 @@ class YOLODataModule(LightningDataModule):
             shard = f", rank shard {len(self.train_sampler)}/{len(ds)}" if world > 1 else ""
             self._print("train", f"{index.report.summary('train')}{shard}; {cache_line.removeprefix(ds.prefix)}")
         if stage in (None, "fit", "validate") and self.val_dataset is None:
-            index = self._scan("val")
+            index = self._scan(self.val_split)
             val_batch = self.rank_val_batch_size(len(index.im_files))
             ds = YOLODataset(
                 index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch, cache=self.cache,
-                cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix="val: ",
+                cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix=f"{self.val_split}: ",
                 single_cls=self.single_cls,
             )  # fmt: skip
             self.val_sampler = ValShardSampler(len(ds), val_batch, rank, world)
@@ -258,7 +263,7 @@ class YOLODataModule(LightningDataModule):
             cache_line = ds.fill_cache()
             self.val_dataset = ds
             shard = f", rank shard {len(self.val_sampler)}/{len(ds)}" if world > 1 else ""
-            self._print("val", f"{index.report.summary('val')}{shard}; {cache_line.removeprefix(ds.prefix)}")
+            self._print("val", f"{index.report.summary(self.val_split)}{shard}; {cache_line.removeprefix(ds.prefix)}")
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

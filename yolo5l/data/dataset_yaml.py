@@ -25,9 +25,12 @@ from yolo5l.data.layout import DATA_YAML, IMG_FORMATS, LIST_SUFFIX, DatasetError
 from yolo5l.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, file_lock, is_url
 from yolo5l.errors import UserError
 
-__all__ = ["PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name"]
+__all__ = [
+    "ALL_SPLITS", "PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name",
+]  # fmt: skip
 
-SPLITS = ("train", "val")
+SPLITS = ("train", "val")  # the splits every data yaml has
+ALL_SPLITS = (*SPLITS, "test")  # `test:` is optional, resolved only when asked for (`python -m yolo5l.val task=test`)
 
 #: Where ultralytics publishes the presets in YOLO format (ultralytics/yolov5 v7.0 data/coco128.yaml and
 #: data/scripts/get_coco.sh). An entry unpacks into the parent of the dataset root, as ultralytics unpacks them, or
@@ -59,6 +62,7 @@ class DatasetSpec:
         train_sources: The folders / ``.txt`` lists the train files came from (used for cache paths and messages).
         val_sources: Same for val.
         file: The yaml file the spec was loaded from (None for a mapping).
+        data: The yaml's content (its optional `test:` entry is resolved on first use).
     """
 
     root: Path
@@ -68,29 +72,45 @@ class DatasetSpec:
     train_sources: list[Path] = field(default_factory=list)
     val_sources: list[Path] = field(default_factory=list)
     file: Path | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    _test: tuple[list[Path], list[Path]] | None = field(default=None, repr=False)
 
     @property
     def num_classes(self) -> int:
         """Number of classes."""
         return len(self.names)
 
+    def has_split(self, split: str) -> bool:
+        """Whether the yaml names ``split`` (train and val always; test when it has a ``test:`` entry)."""
+        return split in SPLITS or (split == "test" and bool(self.data.get("test")))
+
     def _split(self, split: str) -> tuple[list[Path], list[Path]]:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split not in ALL_SPLITS:
+            raise ValueError(f"split must be one of {ALL_SPLITS}, got {split!r}")
+        if split == "test":
+            if self._test is None:
+                where = f"Dataset file {self.file}" if self.file else "dataset mapping"
+                if not self.has_split("test"):
+                    raise DatasetError(f"{where} has no 'test:' split: add test: <image folder or .txt list> to it, "
+                                       "or validate on task=val")  # fmt: skip
+                self._test = _split_files(self.data, "test", self.root, where)
+            return self._test
         return (self.train, self.train_sources) if split == "train" else (self.val, self.val_sources)
 
     def files(self, split: str) -> list[Path]:
-        """Image files of ``split`` ("train" or "val")."""
+        """Image files of ``split`` ("train", "val" or "test")."""
         return self._split(split)[0]
 
     def cache_path(self, split: str) -> Path:
         """Where the label cache of ``split`` lives (see :func:`~yolo5l.data.layout.label_cache_path`)."""
         path = label_cache_path(*self._split(split))
-        (other,) = (s for s in SPLITS if s != split)
-        other_files, other_sources = self._split(other)
-        if other_files and path == label_cache_path(other_files, other_sources):
-            # Both splits come from the same folder: keep their caches apart.
-            path = path.with_name(f"{path.stem}.{split}{path.suffix}")
+        # train and val are only compared with each other (their cache names do not depend on a test split)
+        others = [s for s in SPLITS if s != split] if split in SPLITS else list(SPLITS)
+        for other in others:
+            other_files, other_sources = self._split(other)
+            if other_files and path == label_cache_path(other_files, other_sources):
+                # Two splits come from the same folder: keep their caches apart.
+                return path.with_name(f"{path.stem}.{split}{path.suffix}")
         return path
 
 
@@ -379,4 +399,4 @@ def load_dataset_file(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Da
     _fetch_missing(data, file, where)
     root = _resolve_root(data, file, where)
     (train, train_sources), (val, val_sources) = (_split_files(data, split, root, where) for split in SPLITS)
-    return DatasetSpec(root, train, val, names, train_sources, val_sources, file)
+    return DatasetSpec(root, train, val, names, train_sources, val_sources, file, data)

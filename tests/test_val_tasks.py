@@ -1,0 +1,187 @@
+"""`python -m yolo5l.val` tasks and saved predictions: task=val|test|train|speed|study, augment, save_txt, save_conf,
+save_hybrid (in-process through the entry point's own function, on a tiny synthetic dataset)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from yolo5l.config import compose_config
+from yolo5l.errors import UserError
+from yolo5l.val import validate_weights
+
+COMMON = ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.precision=32", "plots=false",
+          "data.val_batch_size=4", "data.imgsz=64", "data.cache=none"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    """Tiny yolov5 weights (width 0.125) for the 4 synthetic classes, the synthetic data yaml (4 val images) and one
+    with a 3-image test split (train images copied as test)."""
+    from yolo5l.data.synthetic import ensure_synthetic
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.weights import save_weights
+
+    tmp = tmp_path_factory.mktemp("valtasks")
+    plain = ensure_synthetic(tmp / "syn", num_train=5, num_val=4, min_side=80, max_side=140)
+    root = plain.parent
+    for kind in ("images", "labels"):
+        (root / kind / "test").mkdir()
+        for f in sorted((root / kind / "train").iterdir())[:3]:
+            shutil.copy(f, root / kind / "test" / f.name)
+    data = yaml.safe_load(plain.read_text())
+    with_test = root / "with_test.yaml"
+    with_test.write_text(yaml.safe_dump({**data, "test": "images/test"}))
+    torch.manual_seed(0)
+    weights = tmp / "w.pt"
+    save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125), weights, imgsz=64)
+    return {"tmp": tmp, "plain": plain, "with_test": with_test, "weights": weights, "root": root}
+
+
+def val(setup, out: str, *args: str, data: str = "with_test") -> tuple[dict[str, float], Path]:
+    run = setup["tmp"] / out
+    cfg = compose_config([f"weights={setup['weights']}", f"data.file={setup[data]}", *COMMON, *args], "val", run)
+    return validate_weights(cfg), run
+
+
+@pytest.mark.parametrize(("task", "images"), [("val", 4), ("test", 3), ("train", 5)])
+def test_task_picks_the_split(setup, capsys, task, images):
+    metrics, _ = val(setup, f"split_{task}", f"task={task}")
+    out = capsys.readouterr().out
+    assert f"{task}: {images} images" in out
+    row = next(ln for ln in out.splitlines() if ln.split()[:1] == ["all"])
+    assert int(row.split()[1]) == images  # the per-class table's image count
+    assert 0.0 <= metrics["val/map"] <= 1.0
+
+
+def test_a_missing_test_split_is_one_line(setup):
+    with pytest.raises(UserError, match=r"has no 'test:' split: add test: .* or validate on task=val"):
+        val(setup, "no_test", "task=test", data="plain")
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.val", f"weights={setup['weights']}", f"data.file={setup['plain']}", *COMMON,
+         "task=test", f"hydra.run.dir={setup['tmp'] / 'no_test_cli'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: Dataset file")
+    with pytest.raises(UserError, match="task='tset' is not a task: choose one of val, test, train, speed, study"):
+        val(setup, "bad_task", "task=tset")
+
+
+def _label_rows(path: Path) -> np.ndarray:
+    return np.loadtxt(path, ndmin=2) if path.is_file() and path.stat().st_size else np.zeros((0, 6))
+
+
+def test_save_hybrid_writes_every_label_plus_predictions(setup):
+    metrics, run = val(setup, "hybrid", "save_hybrid=true", "save_conf=true", "module.conf_thres=0.001")
+    assert metrics["val/map_50"] > 0.99  # the labels are among the "predictions", at score 1 (v7.0 warns of this)
+    for label in sorted((setup["root"] / "labels" / "val").glob("*.txt")):
+        truth = np.loadtxt(label, ndmin=2)
+        rows = _label_rows(run / "labels" / label.name)
+        assert rows.shape[1] == 6  # class cx cy w h score
+        at_one = rows[rows[:, 5] == 1.0, :5]
+        assert len(at_one) == len(truth)
+        order = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731
+        # At 64 px the letterbox rounds a resized side by up to half a pixel, and boxes map back with the height's
+        # ratio on both axes (v7.0's scale_boxes): a few thousandths of the image.
+        np.testing.assert_allclose(order(at_one), order(truth), atol=6e-3)
+        assert len(rows) >= len(truth)
+
+
+_DIRECT: dict[bool, dict[str, list[str]]] = {}
+
+
+@torch.no_grad()
+def _direct_predictions(setup, augment: bool) -> dict[str, list[str]]:
+    """What val should write with save_txt, computed here from the weights, the datamodule's batches, TTA and NMS."""
+    if augment in _DIRECT:
+        return _DIRECT[augment]
+    from hydra.utils import instantiate
+
+    from yolo5l.boxes import non_max_suppression
+    from yolo5l.module import YOLOv5Module
+    from yolo5l.save_preds import txt_lines
+    from yolo5l.tta import augmented_decode
+    from yolo5l.weights import load_weights
+
+    model = load_weights(setup["weights"])[0].fuse().eval()
+    cfg = compose_config([f"weights={setup['weights']}", f"data.file={setup['with_test']}", *COMMON], "val",
+                         setup["tmp"] / "direct")  # fmt: skip
+    dm = instantiate(cfg.data, _convert_="all")
+    out = {}
+    for images, _, paths, shapes in dm.val_dataloader():
+        images = images.float() / 255
+        decoded = augmented_decode(model, images) if augment else model.decode(model(images))
+        dets = non_max_suppression(decoded, 0.001, 0.6, multi_label=True, max_det=300)
+        dets = YOLOv5Module._to_original(dets, images.shape[2:], shapes)
+        for det, path, shape in zip(dets, paths, shapes, strict=True):
+            if len(det):
+                out[Path(path).stem] = txt_lines(det, shape[0], save_conf=False)
+    _DIRECT[augment] = out
+    return out
+
+
+@pytest.mark.parametrize("augment", [False, True])
+def test_save_txt_equals_the_direct_computation_with_and_without_tta(setup, augment):
+    _, run = val(setup, f"txt_{augment}", "save_txt=true", f"augment={str(augment).lower()}",
+                 "module.conf_thres=0.001", "module.fuse_eval=true")  # fmt: skip
+    want = _direct_predictions(setup, augment)
+    got = {p.stem: p.read_text().splitlines() for p in (run / "labels").glob("*.txt")}
+    assert want
+    assert set(got) == set(want)
+    for stem, lines in want.items():
+        assert len(got[stem]) == len(lines), stem
+        g = np.array([[float(v) for v in ln.split()] for ln in got[stem]])
+        w = np.array([[float(v) for v in ln.split()] for ln in lines])
+        assert g.shape[1] == 5  # no score without save_conf
+        np.testing.assert_allclose(g, w, atol=1e-4)
+    if augment:  # TTA gives other detections than the plain pass
+        assert want != _direct_predictions(setup, False)
+
+
+def test_speed_prints_and_writes_v7_lines_at_batch_1_and_the_configured_batch(setup, capsys):
+    _, run = val(setup, "speed", "task=speed")
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Speed: ")]
+    assert len(lines) == 2
+    assert lines[0].endswith("NMS per image at shape (1, 3, 64, 64)")
+    assert lines[1].endswith("NMS per image at shape (4, 3, 64, 64)")
+    assert "ms pre-process, " in lines[0]
+    assert "ms inference, " in lines[0]
+    speed = json.loads((run / "speed.json").read_text())
+    assert [s["shape"][0] for s in speed] == [1, 4]
+    assert all(s["images"] == 4 and s["inference_ms"] > 0 and s["nms_ms"] >= 0 for s in speed)
+
+
+@pytest.mark.parametrize(("augment", "sizes"), [("false", [64, 96]), ("true", [96])])
+def test_study_rows_equal_val_at_each_size(setup, augment, sizes):
+    """The study's plain loop (with TTADetector under augment) gives the mAP of the Lightning validation."""
+    _, run = val(setup, f"study_{augment}", "task=study", f"study_sizes={sizes}".replace(" ", ""), f"augment={augment}")
+    rows = (run / "study.csv").read_text().splitlines()
+    assert rows[0].split(",") == ["imgsz", "precision", "recall", "map_50", "map", "pre_process_ms", "inference_ms",
+                                  "nms_ms"]  # fmt: skip
+    assert [int(r.split(",")[0]) for r in rows[1:]] == sizes
+    assert (run / "study.png").stat().st_size > 1000
+    metrics, _ = val(setup, f"study_check_{augment}", "data.imgsz=96", f"augment={augment}")
+    row = [float(v) for v in rows[-1].split(",")]
+    assert row[3] == pytest.approx(metrics["val/map_50"], abs=1e-5)
+    assert row[4] == pytest.approx(metrics["val/map"], abs=1e-5)
+    assert row[6] > 0
+
+
+def test_bad_study_sizes_and_augment_of_an_exported_file(setup):
+    with pytest.raises(UserError, match=r"study_sizes=\[64, 100\] must be a list of image sizes"):
+        val(setup, "bad_sizes", "task=study", "study_sizes=[64,100]")
+    fake = setup["tmp"] / "model.onnx"
+    fake.write_bytes(b"")
+    cfg = compose_config([f"weights={fake}", "augment=true", *COMMON], "val", setup["tmp"] / "onnx")
+    with pytest.raises(UserError, match=r"augment=true needs \.pt weights"):
+        validate_weights(cfg)

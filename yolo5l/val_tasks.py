@@ -1,0 +1,321 @@
+"""`python -m yolo5l.val task=speed|study`, and the plain validation loop they share with exported files.
+
+- `task=speed`: v7.0's per-image line "Speed: pre-process, inference, NMS" at batch 1 and at `data.val_batch_size`,
+  on square `data.imgsz` images at v7.0's speed thresholds (conf 0.25, IoU 0.45), after one untimed warm-up batch;
+  written as `speed.json`.
+- `task=study`: mAP and those times at each of `study_sizes` (v7.0's 256..1536 by 128), as `study.csv` and
+  `study.png` (mAP@0.5:0.95 against inference ms per image, and against the image size).
+
+Pre-process is the copy to the device and the uint8 -> [0, 1] float conversion; inference the forward pass and the
+decode (every augmented pass with `augment=true`); NMS the suppression. Each stage waits for the device (CUDA
+synchronises before its clock stops), so on a GPU the stages add up to the wall time of the loop minus the loading.
+
+Reference: ultralytics/yolov5 v7.0 `val.py::run` (its `Profile` stages, the square loader of the speed task) and
+`val.py::main` (`task == 'speed'`, `task == 'study'`), `utils/plots.py::plot_val_study`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch import Tensor
+
+from yolo5l._cli import info
+from yolo5l.errors import UserError
+
+__all__ = [
+    "SPEED_CONF", "SPEED_IOU", "TASKS", "StageTimes", "check_val_options", "load_detector", "plot_study",
+    "run_timing_task", "speed_line", "split_of", "validation_loop", "write_speed", "write_study",
+]  # fmt: skip
+
+#: v7.0's thresholds for `--task speed`.
+SPEED_CONF, SPEED_IOU = 0.25, 0.45
+STAGES = ("pre-process", "inference", "NMS")
+
+
+class StageTimes:
+    """Wall time of each stage, summed over batches, and the images they covered.
+
+    Args:
+        device: The device the stages run on: CUDA is synchronised at each stage's start and end.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds = [0.0, 0.0, 0.0]
+        self.images = 0
+
+    @contextlib.contextmanager
+    def stage(self, i: int) -> Iterator[None]:
+        """Time stage `i` (0 pre-process, 1 inference, 2 NMS)."""
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        self.seconds[i] += time.perf_counter() - t0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # host sync: the clock must see the device's work
+
+    def per_image_ms(self) -> list[float]:
+        """Milliseconds per image of each stage."""
+        return [s / max(self.images, 1) * 1e3 for s in self.seconds]
+
+
+def speed_line(ms: Sequence[float], shape: Sequence[int]) -> str:
+    """v7.0's line: `Speed: 0.3ms pre-process, 7.1ms inference, 1.2ms NMS per image at shape (32, 3, 640, 640)`."""
+    stages = ", ".join(f"{t:.1f}ms {name}" for t, name in zip(ms, STAGES, strict=True))
+    return f"Speed: {stages} per image at shape {tuple(shape)}"
+
+
+@torch.no_grad()
+def validation_loop(
+    detector: Callable[[Tensor], Tensor],
+    datamodule: Any,
+    device: torch.device,
+    conf_thres: float,
+    iou_thres: float,
+    max_det: int,
+    *,
+    metric: Any = None,
+    times: StageTimes | None = None,
+    saver: Any = None,
+    hybrid: bool = False,
+    warmup: bool = False,
+    autocast: torch.dtype | None = None,
+) -> dict[str, float]:
+    """`YOLOv5Module.validation_step` for a callable that returns decoded boxes, over `datamodule`'s val loader.
+
+    The same batches, NMS, scaling back to the original images and ground truth as the LightningModule.
+
+    Args:
+        detector: (B, 3, H, W) in [0, 1] -> (B, N, 5 + C) decoded boxes (a fused model, `TTADetector`, an exported
+            file).
+        datamodule: A `YOLODataModule` (set up for validation).
+        device: Where the batches go.
+        conf_thres: NMS score threshold.
+        iou_thres: NMS IoU threshold.
+        max_det: Detections kept per image.
+        metric: `DetectionMAP` or `COCOMap`, updated per batch; None computes no metric.
+        times: Stage clocks (`StageTimes`); None times nothing.
+        saver: A `yolo5l.save_preds.PredictionSaver` (txt, JSON entries); None saves nothing.
+        hybrid: Add the labels to the NMS candidates (`save_hybrid`).
+        warmup: Run the first batch once untimed before timing it.
+        autocast: Run the detector under `torch.autocast` in this dtype (the trainer's mixed precision).
+
+    Returns:
+        `val/<key>` -> value of the metric, as `trainer.validate` reports them; {} without a metric.
+    """
+    from yolo5l.boxes import non_max_suppression, xywh_to_xyxy
+    from yolo5l.module import YOLOv5Module
+    from yolo5l.save_preds import with_label_candidates
+
+    if metric is not None:
+        metric = metric.to(device)
+    amp = torch.autocast(device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    clock = times if times is not None else StageTimes(torch.device("cpu"))
+    for i, batch in enumerate(datamodule.val_dataloader()):
+        images, targets, paths, shapes = batch
+        if warmup and i == 0:
+            with amp:
+                detector(datamodule.on_after_batch_transfer((images.to(device), targets, paths, shapes), 0)[0])
+        with clock.stage(0):
+            images, targets, _, shapes = datamodule.on_after_batch_transfer(
+                (images.to(device, non_blocking=True), targets.to(device), paths, shapes), 0
+            )
+        bsz, (h, w) = images.shape[0], images.shape[2:]
+        with clock.stage(1), amp:
+            decoded = detector(images).float()
+        if hybrid:
+            decoded = with_label_candidates(decoded, targets, (h, w))
+        with clock.stage(2):
+            dets = non_max_suppression(
+                decoded, conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, max_det=max_det, max_nms=30000
+            )
+        clock.images += bsz
+        dets = YOLOv5Module._to_original(dets, (h, w), shapes)
+        if saver is not None:
+            saver.add(dets, paths, shapes)
+        if metric is not None:
+            # Ground truth in the same original-image pixels, as YOLOv5Module.validation_step builds it.
+            t = targets[torch.argsort(targets[:, 0], stable=True)]
+            gt_boxes = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
+            gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
+            metric.update(dets, YOLOv5Module._to_original([g.clone() for g in gt], (h, w), shapes))
+    return {f"val/{k}": float(v) for k, v in metric.compute().items()} if metric is not None else {}
+
+
+#: Columns of study.csv.
+STUDY_COLUMNS = ("imgsz", "precision", "recall", "map_50", "map", "pre_process_ms", "inference_ms", "nms_ms")
+
+
+def write_study(rows: Sequence[Sequence[float]], path: Path) -> Path:
+    """Write study rows (`STUDY_COLUMNS`) as CSV, atomically."""
+    from yolo5l.save_preds import atomic_write_text
+
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(STUDY_COLUMNS)
+    for row in rows:
+        writer.writerow([int(row[0]), *(f"{v:.6g}" for v in row[1:])])
+    return atomic_write_text(path, buf.getvalue())
+
+
+def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
+    """study.png: mAP@0.5:0.95 (%) against inference ms per image (v7.0's figure) and against the image size."""
+    from yolo5l.plots import _figure, render, save_rgb
+
+    fig = _figure(10, 4)
+    left, right = fig.subplots(1, 2)
+    sizes = [r[0] for r in rows]
+    maps = [100 * r[4] for r in rows]
+    left.plot([r[6] for r in rows], maps, ".-", linewidth=2, markersize=8, label=label)
+    left.set_xlabel("inference (ms/img)")
+    right.plot(sizes, maps, ".-", linewidth=2, markersize=8, label=f"{label} mAP@0.5:0.95")
+    right.plot(sizes, [100 * r[3] for r in rows], ".--", linewidth=1, markersize=6, label=f"{label} mAP@0.5")
+    right.set_xlabel("image size (px)")
+    for ax in (left, right):
+        ax.set_ylabel("mAP (%)")
+        ax.grid(alpha=0.2)
+        ax.legend(loc="lower right")
+    return save_rgb(render(fig), path)
+
+
+def write_speed(results: Sequence[dict[str, Any]], path: Path) -> Path:
+    """speed.json: one entry per batch size, {shape, pre_process_ms, inference_ms, nms_ms, images}."""
+    from yolo5l.save_preds import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(list(results), indent=2))
+
+
+# ---- the command line's tasks ----------------------------------------------------------------------------------------
+#: `task=` values: a split of the data yaml, or a timing task on the val split.
+TASKS = ("val", "test", "train", "speed", "study")
+
+
+def split_of(cfg: DictConfig) -> str:
+    """The data yaml split `task` validates on (`speed` and `study` use val, as v7.0)."""
+    task = str(cfg.task)
+    return task if task in ("val", "test", "train") else "val"
+
+
+def check_val_options(cfg: DictConfig) -> None:
+    """Check `task`, `study_sizes` and the options exported files cannot take.
+
+    Raises:
+        UserError: One line naming the key and the fix.
+    """
+    from yolo5l.exported import is_exported
+
+    if str(cfg.task) not in TASKS:
+        raise UserError(f"task={cfg.task!r} is not a task: choose one of {', '.join(TASKS)}")
+    if str(cfg.task) == "study":
+        sizes = list(cfg.study_sizes or [])
+        if not sizes or any(not isinstance(s, int) or s <= 0 or s % 32 for s in sizes):
+            raise UserError(f"study_sizes={sizes} must be a list of image sizes, each a multiple of 32")
+    if cfg.augment and is_exported(str(cfg.weights)):
+        raise UserError(f"augment=true needs .pt weights: {cfg.weights} runs its own exported graph; drop augment")
+    if float(cfg.module.conf_thres) > 0.001 and str(cfg.task) in ("val", "test", "train"):
+        info(f"module.conf_thres={cfg.module.conf_thres} > 0.001 lowers the mAP (v7.0 warns of the same)")
+    if cfg.save_hybrid:
+        info("save_hybrid=true: the labels join the predictions, so the mAP is that of labels + predictions")
+
+
+def _autocast(cfg: DictConfig) -> torch.dtype | None:
+    from yolo5l.hardware import resolve_precision
+
+    precision = str(resolve_precision(cfg.trainer.get("precision", "auto"), str(cfg.trainer.get("accelerator"))))
+    return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+
+
+def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tensor], Tensor], int | None, bool]:
+    """The detector of `cfg.weights` on `device`: a fused eval copy of .pt weights (with `TTADetector` when
+    `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported)."""
+    from yolo5l.exported import is_exported, load_exported
+    from yolo5l.weights import load_weights, resolve_weights
+
+    if is_exported(str(cfg.weights)):
+        model, _, imgsz, _ = load_exported(str(cfg.weights), device)
+        return model, imgsz, True
+    try:
+        net, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    net = net.fuse().eval().requires_grad_(False).to(device)
+    if cfg.module.get("channels_last"):
+        net = net.to(memory_format=torch.channels_last)
+    if cfg.augment:
+        from yolo5l.tta import TTADetector
+
+        return TTADetector(net), loaded.imgsz, False
+
+    def detector(images: Tensor) -> Tensor:
+        return net.decode(net(images))
+
+    return detector, loaded.imgsz, False
+
+
+def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None], None]) -> dict[str, float]:
+    """`task=speed` or `task=study` (see the module docstring); returns the last size's metrics (study) or {}."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from yolo5l._cli import print_outputs, relpath, resume_gc, unfreeze_start_up
+    from yolo5l.hardware import uses_cuda
+
+    device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
+    detector, file_imgsz, exported = load_detector(cfg, device)
+    if cfg.data.get("imgsz") is None:
+        set_imgsz(cfg, file_imgsz)
+    autocast = None if exported else _autocast(cfg)
+    out = Path(HydraConfig.get().runtime.output_dir)
+    m = cfg.module
+    resume_gc()
+    if str(cfg.task) == "speed":
+        results = []
+        for batch in dict.fromkeys((1, int(cfg.data.val_batch_size))):
+            datamodule = instantiate(cfg.data, val_split="val", val_batch_size=batch, _convert_="all")
+            datamodule.setup("validate")
+            datamodule.val_dataset.rect = False  # square images, as v7.0 times them
+            times = StageTimes(device)
+            validation_loop(
+                detector, datamodule, device, SPEED_CONF, SPEED_IOU, int(m.max_det), times=times, warmup=True,
+                autocast=autocast,
+            )  # fmt: skip
+            shape = (datamodule.val_dataset.batch_size, 3, datamodule.imgsz, datamodule.imgsz)
+            ms = times.per_image_ms()
+            print(speed_line(ms, shape))
+            results.append(
+                {"shape": list(shape), "images": times.images, **dict(zip(STUDY_COLUMNS[5:], ms, strict=True))}
+            )
+        unfreeze_start_up()
+        print_outputs("Outputs:", {"speed": relpath(write_speed(results, out / "speed.json"))})
+        return {}
+    rows, metrics = [], {}
+    for size in cfg.study_sizes:
+        datamodule = instantiate(cfg.data, val_split="val", imgsz=int(size), _convert_="all")
+        times = StageTimes(device)
+        metrics = validation_loop(
+            detector, datamodule, device, float(m.conf_thres), float(m.iou_thres), int(m.max_det),
+            metric=instantiate(m.metric, _convert_="all"), times=times, warmup=True, autocast=autocast,
+        )  # fmt: skip
+        ms = times.per_image_ms()
+        keys = ("val/precision", "val/recall", "val/map_50", "val/map")
+        rows.append([int(size), *(metrics[k] for k in keys), *ms])
+        print(f"study: imgsz {size}: mAP@0.5 {metrics['val/map_50']:.4f}, mAP@0.5:0.95 {metrics['val/map']:.4f}, "
+              f"{speed_line(ms, (datamodule.val_dataset.batch_size, 3, size, size))[7:]}")  # fmt: skip
+    unfreeze_start_up()
+    csv_path = write_study(rows, out / "study.csv")
+    png = plot_study(rows, out / "study.png", Path(str(cfg.weights)).stem)
+    print_outputs("Outputs:", {"study table": relpath(csv_path), "study plot": relpath(png)})
+    return metrics
