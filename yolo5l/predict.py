@@ -1,81 +1,63 @@
 """Detect objects: `python -m yolo5l.predict weights=<weights.pt|best.pt|last.ckpt|*.onnx|yolov5s.pt> source=...`.
 
-`source` is an image, a video, a folder (sorted, not recursive) or a list of those. Writes into the run folder: each
-image with its boxes drawn and each video annotated frame by frame (`save_images`), `predictions.json` (every
-detection: image or video and frame, class id and name, score, xyxy box in original pixels) and YOLO txt labels
-(`labels/<stem>.txt`, `labels/<stem>_<frame>.txt` for videos: class cx cy w h score, normalised; `save_txt`). An image
-or video that cannot be decoded is reported, counted and skipped.
+`source` is anything v7.0's detect.py takes (`yolo5l.sources`): images, videos, folders, globs, URLs of images and
+videos, a webcam index, rtsp/rtmp/http streams, a `.txt` list of streams, or a list of files. Files run in batches of
+`batch_size`, decoded ahead by a background thread while the model runs; streams run one frame of each per batch.
+Options as detect.py's: `classes`, `agnostic_nms`, `max_det`, `augment` (`yolo5l.tta`), `half` (CUDA), `vid_stride`,
+`visualize` (`yolo5l.feature_maps`), `save_images` (false = `--nosave`), `save_txt`, `save_conf`, `save_crop`,
+`line_thickness`, `hide_labels`, `hide_conf`; the outputs are described in `yolo5l.predict_outputs`. An image or
+video that cannot be decoded is reported, counted and skipped; a source that cannot be opened is one line.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-import cv2
 import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from yolo5l._cli import guarded, info, print_outputs, relpath, resume_gc, run_entry_point, unfreeze_start_up
 from yolo5l.config import check_predict_config
-from yolo5l.data.layout import IMG_FORMATS
 from yolo5l.errors import UserError
+from yolo5l.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, Frame, StreamSet, file_frames, is_video, resolve_sources
 
-IMAGE_SUFFIXES = {f".{s}" for s in IMG_FORMATS}
-VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv"}
+__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "list_sources", "predict"]
+
 _DEFAULT_IMGSZ = 640  # when neither the command line nor the weights say
+_PREFETCH_BATCHES = 2  # batches decoded ahead of the model
+#: A batch item: the frame, its letterboxed copy (H, W, 3) and ((ratio_h, ratio_w), (pad_w, pad_h)).
+_Item = tuple[Frame, np.ndarray, tuple[tuple[float, float], tuple[float, float]]]
 
 
-def list_sources(source: str | list[str]) -> list[Path]:
-    """Image and video files of `source`: one file, a folder (sorted, not recursive) or a list of either."""
-    items = list(source) if isinstance(source, (list, tuple)) else [source]
-    files: list[Path] = []
-    for item in map(Path, map(str, items)):
-        if item.is_dir():
-            files += sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES)
-        elif item.is_file():
-            files.append(item)
-        else:
-            raise UserError(f"source {str(item)!r} not found: pass an image, a video, a folder or a list [a.jpg,b.mp4]")
-    if not files:
-        raise UserError(f"source {source!r} holds no images or videos ({', '.join(sorted(IMAGE_SUFFIXES))}, ...)")
+def list_sources(source: str | Sequence[str], download_dir: Path | None = None) -> list[Path]:
+    """Image and video files of `source` (files, folders, globs, URLs of files; see `yolo5l.sources`)."""
+    files, streams = resolve_sources(source, download_dir or Path("downloads"))
+    if streams:
+        raise UserError(f"source {streams[0]} is a stream, not a file")
     return files
 
 
-def _frames(path: Path, skipped: list[str]) -> Iterator[tuple[int | None, np.ndarray, float]]:
-    """(frame index or None for an image, RGB frame, fps) of one source; what cannot be decoded goes to `skipped`."""
-    from yolo5l.data.images import ImageReadError, read_image
-
-    if path.suffix.lower() in VIDEO_SUFFIXES:
-        cap = cv2.VideoCapture(str(path))
-        fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
-        index = 0
-        while True:
-            ok, frame = cap.read()
-            if not ok:
-                break
-            yield index, cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), fps
-            index += 1
-        cap.release()
-        if index == 0:
-            skipped.append(f"{path}: no frame could be decoded")
-        return
-    try:
-        yield None, read_image(path), 0.0
-    except (ImageReadError, OSError, ValueError) as e:
-        skipped.append(str(e).splitlines()[0])
-
-
-def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int]:
-    """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names and the image size to run at."""
+def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int, Any]:
+    """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
+    network itself (None for an exported file)."""
     from yolo5l.exported import is_exported, load_exported
     from yolo5l.weights import load_weights, resolve_weights
 
+    net: nn.Module | None = None
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: returns the decoded boxes itself
+        if cfg.augment or cfg.visualize:
+            raise UserError(f"{'augment' if cfg.augment else 'visualize'}=true needs .pt weights: {cfg.weights} runs "
+                            "its own exported graph")  # fmt: skip
         detector, names, file_imgsz, _ = load_exported(str(cfg.weights), device)
     else:
         try:
@@ -83,83 +65,193 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
         except ValueError as e:
             raise UserError(str(e).splitlines()[0]) from None
         names, file_imgsz = loaded.names or [str(i) for i in range(model.num_classes)], loaded.imgsz
-        model = model.fuse().eval().to(device)
+        net = model.fuse().eval().requires_grad_(False).to(device)
+        if _half(cfg, device):
+            net = net.half()
+        if cfg.augment:
+            from yolo5l.tta import TTADetector
 
-        def detector(images: torch.Tensor) -> torch.Tensor:
-            return model.decode(model(images))
+            detector = TTADetector(net)
+        else:
+
+            def detector(images: torch.Tensor) -> torch.Tensor:
+                return net.decode(net(images))
 
     imgsz = int(cfg.imgsz) if cfg.get("imgsz") is not None else int(file_imgsz or _DEFAULT_IMGSZ)
-    return detector, [str(n) for n in (cfg.names or names)], imgsz
+    return detector, [str(n) for n in (cfg.names or names)], imgsz, net
+
+
+def _half(cfg: DictConfig, device: torch.device) -> bool:
+    return bool(cfg.half) and device.type == "cuda"
+
+
+def _check_options(cfg: DictConfig, device: torch.device) -> None:
+    for key in ("batch_size", "vid_stride"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise UserError(f"{key}={cfg[key]!r} must be a whole number >= 1")
+    if cfg.line_thickness is not None and (not isinstance(cfg.line_thickness, int) or cfg.line_thickness < 1):
+        raise UserError(f"line_thickness={cfg.line_thickness!r} must be a number of pixels >= 1, or null")
+    classes = cfg.classes if OmegaConf.is_list(cfg.classes) or cfg.classes is None else [cfg.classes]
+    if classes is not None and any(not isinstance(c, int) or c < 0 for c in classes):
+        raise UserError(f"classes={list(classes)} must be class ids (whole numbers >= 0), e.g. classes=[0,2]")
+    if cfg.half and device.type != "cuda":
+        info(f"half=true runs on CUDA only: predicting in float32 on {device.type}")
+
+
+def _classes(cfg: DictConfig, num_classes: int) -> list[int] | None:
+    if cfg.classes is None:
+        return None
+    classes = [int(c) for c in (cfg.classes if OmegaConf.is_list(cfg.classes) else [cfg.classes])]
+    if any(c >= num_classes for c in classes):
+        raise UserError(f"classes={classes}: the model has classes 0..{num_classes - 1}")
+    return classes
+
+
+def _letterboxed(frame: Frame, imgsz: int) -> _Item:
+    from yolo5l.data.augment import letterbox
+
+    boxed, ratio, pad = letterbox(frame.image, imgsz, auto=False)
+    return frame, boxed, (ratio, pad)
+
+
+def _file_batches(files: Sequence[Path], batch_size: int, vid_stride: int, imgsz: int, skipped: list[str],
+                  workers: int) -> Iterator[list[_Item]]:  # fmt: skip
+    """Batches of letterboxed frames of `files` in order; images decoded by `workers` threads, videos in order."""
+
+    def image(path: Path) -> list[_Item]:
+        return [_letterboxed(f, imgsz) for f in file_frames(path, vid_stride, skipped)]
+
+    batch: list[_Item] = []
+    with ThreadPoolExecutor(workers, thread_name_prefix="decode") as pool:
+        i = 0
+        while i < len(files):
+            if is_video(files[i]):
+                frames: Iterator[_Item] = (_letterboxed(f, imgsz) for f in file_frames(files[i], vid_stride, skipped))
+                i += 1
+            else:  # a run of images, decoded in parallel
+                run = []
+                while i < len(files) and not is_video(files[i]) and len(run) < 4 * batch_size:
+                    run.append(files[i])
+                    i += 1
+                frames = (item for items in pool.map(image, run) for item in items)
+            for item in frames:
+                batch.append(item)
+                if len(batch) == batch_size:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def _prefetched(batches: Iterator[list[_Item]], depth: int = _PREFETCH_BATCHES) -> Iterator[list[_Item]]:
+    """Run `batches` in a background thread, `depth` batches ahead of the consumer (errors re-raised here)."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    done, stop = object(), threading.Event()
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                while not stop.is_set():
+                    try:
+                        q.put(b, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    thread = threading.Thread(target=produce, name="predict-loader", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 @torch.inference_mode()
 def predict(cfg: DictConfig) -> list[dict]:
     """Run detection as `cfg` (conf/predict.yaml) says; returns the detections written to predictions.json."""
-    from yolo5l.annotate import draw_detections
+    import os
+
     from yolo5l.boxes import non_max_suppression, scale_boxes
-    from yolo5l.data.augment import letterbox
+    from yolo5l.feature_maps import FeatureMaps
     from yolo5l.hardware import inference_device
+    from yolo5l.predict_outputs import PredictOutputs
+    from yolo5l.val_tasks import StageTimes, speed_line
 
     check_predict_config(cfg)
-    source = OmegaConf.to_container(cfg.source) if OmegaConf.is_list(cfg.source) else str(cfg.source)
-    files = list_sources(source)
     device = inference_device(str(cfg.device))
-    detector, names, imgsz = _load(cfg, device)
+    _check_options(cfg, device)
     out = Path(HydraConfig.get().runtime.output_dir)
-    (out / "labels").mkdir(parents=True, exist_ok=True)
-    results: list[dict] = []
+    source = OmegaConf.to_container(cfg.source) if OmegaConf.is_list(cfg.source) else str(cfg.source)
+    files, streams = resolve_sources(source, out / "downloads")
+    opened = StreamSet(streams, int(cfg.vid_stride)) if streams else None  # one line if one cannot be opened
+    detector, names, imgsz, net = _load(cfg, device)
+    classes = _classes(cfg, len(names))
+    outputs = PredictOutputs(
+        out, names, save_images=bool(cfg.save_images), save_txt=bool(cfg.save_txt), save_conf=bool(cfg.save_conf),
+        save_crop=bool(cfg.save_crop), line_thickness=cfg.line_thickness, hide_labels=bool(cfg.hide_labels),
+        hide_conf=bool(cfg.hide_conf),
+    )  # fmt: skip
     skipped: list[str] = []
-    frames_seen = 0
+    maps = FeatureMaps(net) if cfg.visualize and net is not None else None
+    times = StageTimes(device)
+    if opened is not None:
+        batches: Iterator[list[_Item]] = ([_letterboxed(f, imgsz) for f in b] for b in opened)
+    else:
+        workers = max(1, min(int(cfg.batch_size), os.cpu_count() or 1, 4))
+        batches = _prefetched(_file_batches(files, int(cfg.batch_size), int(cfg.vid_stride), imgsz, skipped, workers))
     resume_gc()  # set-up is built (the command line paused the collector for it)
-    for path in files:
-        writer = None
-        for frame, im, fps in _frames(path, skipped):
-            frames_seen += 1
-            im_boxed, ratio, pad = letterbox(im, imgsz, auto=False)
-            batch = torch.from_numpy(im_boxed[None]).permute(0, 3, 1, 2).to(device).float() / 255
-            det = non_max_suppression(
-                detector(batch), conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres),
-                max_det=int(cfg.max_det),
-            )[0].cpu()  # fmt: skip
-            scale_boxes((imgsz, imgsz), det, im.shape[:2], (ratio, pad))  # ratio is (ratio_h, ratio_w)
-            stem = path.stem if frame is None else f"{path.stem}_{frame}"
-            h, w = im.shape[:2]
-            lines = []
-            for x1, y1, x2, y2, score, cls in det.tolist():
-                c = int(cls)
-                entry = {"image": str(path), "class": c, "name": names[c] if c < len(names) else str(c),
-                         "score": round(score, 5), "box_xyxy": [round(v, 2) for v in (x1, y1, x2, y2)]}  # fmt: skip
-                results.append(entry if frame is None else {**entry, "frame": frame})
-                lines.append(f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
-                             f"{(y2 - y1) / h:.6f} {score:.5f}")  # fmt: skip
-            if cfg.save_txt:
-                (out / "labels" / f"{stem}.txt").write_text("".join(ln + "\n" for ln in lines))
-            if cfg.save_images:
-                drawn = draw_detections(cv2.cvtColor(im, cv2.COLOR_RGB2BGR), det.numpy(), names)
-                if frame is None:
-                    cv2.imwrite(str(out / path.name), drawn)
-                else:
-                    if writer is None:
-                        fourcc = cv2.VideoWriter_fourcc(*"mp4v")
-                        writer = cv2.VideoWriter(str(out / f"{path.stem}.mp4"), fourcc, fps, (w, h))
-                    writer.write(drawn)
-        if writer is not None:
-            writer.release()
+    stopped = False
+    try:
+        for batch in batches:
+            with times.stage(0):
+                x = torch.from_numpy(np.stack([b[1] for b in batch])).to(device).permute(0, 3, 1, 2)
+                x = (x.half() if _half(cfg, device) else x.float()) / 255
+            with times.stage(1), maps if maps is not None else contextlib.nullcontext():
+                decoded = detector(x)
+            with times.stage(2):
+                dets = non_max_suppression(
+                    decoded.float(), conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres), classes=classes,
+                    agnostic=bool(cfg.agnostic_nms), max_det=int(cfg.max_det),
+                )  # fmt: skip
+            times.images += len(batch)
+            for j, ((frame, _, ratio_pad), det) in enumerate(zip(batch, dets, strict=True)):
+                det = scale_boxes(x.shape[2:], det.cpu(), frame.image.shape[:2], ratio_pad)
+                outputs.add(frame, det.numpy())
+                if maps is not None:
+                    stem = Path(frame.source).stem + ("" if frame.index is None else f"_{frame.index}")
+                    maps.write(out / "visualize" / stem, j)
+    except KeyboardInterrupt:  # Ctrl-C ends a live stream: what was seen is written
+        stopped = True
+    finally:
+        json_path = outputs.close()
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
-    (out / "predictions.json").write_text(json.dumps(results, indent=1))
     for line in skipped:
         info(f"skipped {line}")
-    print(f"{len(results)} detections in {frames_seen} images or frames at {imgsz} px"
-          + (f"; {len(skipped)} source(s) skipped (cannot be decoded)" if skipped else ""))  # fmt: skip
+    print(f"{len(outputs.results)} detections in {outputs.frames} images or frames at {imgsz} px"
+          + (f"; {len(skipped)} source(s) skipped (cannot be decoded)" if skipped else "")
+          + ("; stopped by Ctrl-C" if stopped else ""))  # fmt: skip
+    if outputs.frames:
+        batch = len(streams) if streams else int(cfg.batch_size)
+        print(speed_line(times.per_image_ms(), (batch, 3, imgsz, imgsz)))
     print_outputs(
         "Outputs:",
         {
             "images": relpath(out) if cfg.save_images else None,
-            "detections": relpath(out / "predictions.json"),
+            "detections": relpath(json_path),
             "YOLO txt": relpath(out / "labels") if cfg.save_txt else None,
+            "crops": f"{outputs.crops} in {relpath(out / 'crops')}" if cfg.save_crop else None,
+            "feature maps": relpath(out / "visualize") if maps is not None else None,
         },
     )
-    return results
+    return outputs.results
 
 
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="predict")
