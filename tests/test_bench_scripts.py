@@ -164,3 +164,28 @@ def test_the_gemm_ceiling_times_the_same_product_in_onednn_as_a_1x1_convolution(
     y = torch.nn.functional.conv2d(x, w)  # [1, 40, 32, 2]
     torch.testing.assert_close(y[0].flatten(1).t(), a @ b)
     assert bench.gemm_gflops(torch.float32, "cpu", n=256, repeat=2) > 0
+
+
+def test_bench_predict_names_what_to_install_when_the_reference_is_missing(tmp_path):
+    r = _script("bench_predict.py", "--ref-python", str(tmp_path / "no-venv" / "python"), "--images", "2")
+    assert r.returncode != 0
+    assert "not found" in r.stderr
+    assert "yolov5==7.0.14" in r.stderr
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not (REPO / ".refvenv" / "bin" / "python").exists(), reason="needs .refvenv (yolov5==7.0.14)")
+def test_bench_predict_measures_both_sides_at_tiny_settings(tmp_path):
+    out = tmp_path / "bench.json"
+    r = _script(
+        "bench_predict.py", "--images", "3", "--imgsz", "64", "--batch", "2", "--data-root", str(tmp_path / "syn"),
+        "--work-dir", str(tmp_path / "work"), "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["images"] == 3
+    assert report["reference_img_s"] > 0
+    assert report["yolo5l_img_s"] > 0
+    assert report["ratio"] == pytest.approx(report["yolo5l_img_s"] / report["reference_img_s"])
+    assert len(list((tmp_path / "work" / "yolo5l" / "run").glob("*.jpg"))) == 3  # both drew every image
+    assert len(list((tmp_path / "work" / "ref" / "run").glob("*.jpg"))) == 3
