@@ -153,7 +153,7 @@ V7_TRAIN_FLAGS = (
 
 
 def test_the_flag_table_has_every_v7_train_flag():
-    table = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    table = (Path(__file__).parents[1] / "docs" / "cli.md").read_text().split("\n## ")[0]  # the train.py table
     rows = [line for line in table.splitlines() if line.startswith("| `--")]
     flags = [f.lstrip("-") for row in rows for f in row.split("|")[1].replace("`", " ").split() if f.startswith("--")]
     assert sorted(set(flags)) == sorted(V7_TRAIN_FLAGS)

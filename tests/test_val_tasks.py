@@ -185,3 +185,26 @@ def test_bad_study_sizes_and_augment_of_an_exported_file(setup):
     cfg = compose_config([f"weights={fake}", "augment=true", *COMMON], "val", setup["tmp"] / "onnx")
     with pytest.raises(UserError, match=r"augment=true needs \.pt weights"):
         validate_weights(cfg)
+
+
+# ultralytics/yolov5 v7.0 val.py::parse_opt and detect.py::parse_opt: every argument, aliases included
+V7_VAL_FLAGS = (
+    "data", "weights", "batch-size", "imgsz", "img", "img-size", "conf-thres", "iou-thres", "max-det", "task", "device",
+    "workers", "single-cls", "augment", "verbose", "save-txt", "save-hybrid", "save-conf", "save-json", "project",
+    "name", "exist-ok", "half", "dnn",
+)  # fmt: skip
+V7_DETECT_FLAGS = (
+    "weights", "source", "data", "imgsz", "img", "img-size", "conf-thres", "iou-thres", "max-det", "device", "view-img",
+    "save-txt", "save-conf", "save-crop", "nosave", "classes", "agnostic-nms", "augment", "visualize", "update",
+    "project", "name", "exist-ok", "line-thickness", "hide-labels", "hide-conf", "half", "dnn", "vid-stride",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(("script", "flags"), [("val.py", V7_VAL_FLAGS), ("detect.py", V7_DETECT_FLAGS)])
+def test_the_flag_tables_have_every_v7_val_and_detect_flag(script, flags):
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    section = next(s for s in text.split("\n## ")[1:] if s.startswith(f"ultralytics/yolov5 v7.0 `{script}`"))
+    rows = [line for line in section.splitlines() if line.startswith("| `--")]
+    found = [f.lstrip("-") for row in rows for f in row.split("|")[1].replace("`", " ").split() if f.startswith("--")]
+    assert sorted(set(found)) == sorted(flags)
+    assert all(row.split("|")[2].strip() for row in rows)  # each has a yolo5l form, or says why none
