@@ -40,12 +40,13 @@ class _Server(http.server.BaseHTTPRequestHandler):
     streamed: ClassVar[set[str]] = set()
 
     def do_GET(self):
-        if self.path.endswith(".mjpg") and self.path not in self.streamed and self.path == "/live.mjpg":
+        long = self.path == "/long.mjpg"  # a camera that goes on (until the reader hangs up)
+        if long or (self.path == "/live.mjpg" and self.path not in self.streamed):
             self.streamed.add(self.path)  # a live stream that ends and never comes back
             self.send_response(200)
             self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
             self.end_headers()
-            for jpg in self.mjpeg_frames:
+            for jpg in self.mjpeg_frames * (100 if long else 1):
                 part = b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(jpg)
                 try:
                     self.wfile.write(part + jpg + b"\r\n")
@@ -292,3 +293,23 @@ def test_the_loader_decodes_ahead_of_the_model():
 def test_predictions_json_is_written(env):
     preds, out = run(env, "json", f"source={env['src']}/im1.jpg")
     assert json.loads((out / "predictions.json").read_text()) == preds
+
+
+def test_ctrl_c_ends_a_stream_and_keeps_what_was_written(env, monkeypatch, capsys):
+    import yolo5l.boxes
+
+    real, calls = yolo5l.boxes.non_max_suppression, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(yolo5l.boxes, "non_max_suppression", interrupted)
+    preds, out = run(env, "ctrl_c", f"source={env['url']}/long.mjpg")
+    assert "stopped by Ctrl-C" in capsys.readouterr().out
+    assert len(list((out / "labels").glob("*.txt"))) == 1  # the batch before the interrupt
+    assert json.loads((out / "predictions.json").read_text()) == preds
+    assert (out / "long.mp4").is_file()
+    assert not [t for t in threading.enumerate() if t.name.startswith("stream-")]  # the reader was stopped

@@ -228,9 +228,13 @@ def predict(cfg: DictConfig) -> list[dict]:
                 if maps is not None:
                     stem = Path(frame.source).stem + ("" if frame.index is None else f"_{frame.index}")
                     maps.write(out / "visualize" / stem, j)
-    except KeyboardInterrupt:  # Ctrl-C ends a live stream: what was seen is written
+    except KeyboardInterrupt:  # Ctrl-C is how a live stream ends: what was seen is written
+        if opened is None:
+            raise
         stopped = True
     finally:
+        if opened is not None:
+            opened.close()
         json_path = outputs.close()
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     for line in skipped:

@@ -233,13 +233,14 @@ class StreamReader:
         self.dropped = 0  # frames read but replaced before the consumer took them
         self._taken = -1
         self.ended = False
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(cap,), name=f"stream-{slot}", daemon=True)
         self._thread.start()
 
     def _run(self, cap: cv2.VideoCapture) -> None:
         index, failures = 0, 0
         try:
-            while self.frames is None or index + 1 < self.frames:
+            while not self._stop.is_set() and (self.frames is None or index + 1 < self.frames):
                 if not cap.grab():
                     failures += 1
                     if self.frames is not None or failures > _READ_RETRIES:
@@ -262,6 +263,11 @@ class StreamReader:
             with self._cond:
                 self.ended = True
                 self._cond.notify_all()
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop reading (the thread ends after its current read) and wait up to `timeout` s for it."""
+        self._stop.set()
+        self._thread.join(timeout)
 
     def next_frame(self, timeout: float = _WAIT_S) -> Frame | None:
         """The newest frame not yet taken, waiting up to `timeout` s for one; None once the stream has ended (or
@@ -293,6 +299,11 @@ class StreamSet:
 
     def __len__(self) -> int:
         return len(self.readers)
+
+    def close(self) -> None:
+        """Stop every reader."""
+        for reader in self.readers:
+            reader.close()
 
     def __iter__(self) -> Iterator[list[Frame]]:
         live = list(self.readers)
