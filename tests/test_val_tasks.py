@@ -187,6 +187,24 @@ def test_bad_study_sizes_and_augment_of_an_exported_file(setup):
         validate_weights(cfg)
 
 
+def test_a_test_split_from_the_val_folder_keeps_its_own_label_cache(tmp_path):
+    from yolo5l.data.dataset_yaml import load_dataset_file
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "images" / "a.jpg").write_bytes(b"not read here")
+    data = {"path": str(tmp_path), "train": "images", "val": "images", "names": ["x"]}
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump({**data, "test": "images"}))
+    without, spec = load_dataset_file(tmp_path / "d.yaml"), load_dataset_file(tmp_path / "t.yaml")
+    assert spec.files("test") == spec.files("val") == [tmp_path / "images" / "a.jpg"]
+    assert spec.cache_path("val") == without.cache_path("val")  # unchanged by the test entry
+    assert spec.cache_path("train") == without.cache_path("train")
+    assert len({spec.cache_path(s) for s in ("train", "val", "test")}) == 3
+    with pytest.raises(UserError, match="has no 'test:' split"):
+        without.files("test")
+
+
 # ultralytics/yolov5 v7.0 val.py::parse_opt and detect.py::parse_opt: every argument, aliases included
 V7_VAL_FLAGS = (
     "data", "weights", "batch-size", "imgsz", "img", "img-size", "conf-thres", "iou-thres", "max-det", "task", "device",
