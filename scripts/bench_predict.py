@@ -4,7 +4,9 @@ Both run the same weights (a yolov5s built and saved by the reference package it
 images (``--images`` of the synthetic dataset's, or ``--source``), at the same image size, confidence threshold and
 device, each writing its drawn images as it does by default (no txt files). Each side runs in its own process: one
 untimed call on one image (imports, model load, first-call costs), then the timed call on the folder, from the call
-to its return (model load included, as a user waits for it). v7.0 runs image by image with its rectangular letterbox
+to its return (model load included, as a user waits for it). Each side keeps its own torch thread count unless
+``--threads`` sets both (v7.0's `utils/general.py` sets OMP_NUM_THREADS to the CPU count - 1 when it is imported,
+which torch may read; the table prints the counts the runs had). v7.0 runs image by image with its rectangular letterbox
 (``auto=True``); yolo5l in batches of ``--batch`` (square letterbox, a loader thread decoding ahead).
 
 The reference runs offline in ``.refvenv`` (``yolov5==7.0.14``; see scripts/bench_reference.py); a missing one makes
@@ -50,7 +52,7 @@ kw = dict(weights=cfg["weights"], imgsz=(cfg["imgsz"], cfg["imgsz"]), conf_thres
 run(source=cfg["warm"], name="warm", **kw)
 t0 = time.perf_counter()
 run(source=cfg["source"], name="run", **kw)
-print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0}))
+print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, "threads": torch.get_num_threads()}))
 """
 
 YOLO5L_WRAPPER = r"""
@@ -66,7 +68,7 @@ common = [f"weights={cfg['weights']}", f"imgsz={cfg['imgsz']}", f"conf_thres={cf
 predict(compose_config([*common, f"source={cfg['warm']}"], "predict", cfg["project"] + "/warm"))
 t0 = time.perf_counter()
 predict(compose_config([*common, f"source={cfg['source']}"], "predict", cfg["project"] + "/run"))
-print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0}))
+print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0, "threads": torch.get_num_threads()}))
 """
 
 
@@ -147,12 +149,14 @@ def main(argv: list[str] | None = None) -> None:
         report = {
             "images": n, "imgsz": args.imgsz, "device": args.device, "batch": args.batch, "threads": args.threads,
             "yolov5": version, "reference_img_s": ref_ips, "yolo5l_img_s": our_ips, "ratio": our_ips / ref_ips,
+            "reference_threads": ref.get("threads"), "yolo5l_threads": ours.get("threads"),
             "when": time.strftime("%Y-%m-%d %H:%M"),
         }  # fmt: skip
         print(f"| predict, {n} images at {args.imgsz} px, {args.device} | v7.0 detect.py (yolov5 {version}) | "
               f"yolo5l batch_size={args.batch} | x ref |")  # fmt: skip
         print("|---|---|---|---|")
         print(f"| images/s | {ref_ips:.2f} | {our_ips:.2f} | {our_ips / ref_ips:.2f} |")
+        print(f"| torch threads | {ref.get('threads')} | {ours.get('threads')} | |")
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
 

@@ -313,3 +313,13 @@ def test_ctrl_c_ends_a_stream_and_keeps_what_was_written(env, monkeypatch, capsy
     assert json.loads((out / "predictions.json").read_text()) == preds
     assert (out / "long.mp4").is_file()
     assert not [t for t in threading.enumerate() if t.name.startswith("stream-")]  # the reader was stopped
+
+
+@pytest.mark.gpu
+def test_half_on_cuda_gives_the_float32_detections(env):
+    full, _ = run(env, "cuda32", f"source={env['src']}", "device=cuda", "max_det=5")
+    half, _ = run(env, "cuda16", f"source={env['src']}", "device=cuda", "max_det=5", "half=true")
+    assert len(half) == len(full) > 0
+    for name in {p["image"] for p in full}:  # near-equal scores may swap places in float16: compare sorted
+        scores = [sorted(p["score"] for p in preds if p["image"] == name) for preds in (full, half)]
+        assert scores[1] == pytest.approx(scores[0], abs=0.02)

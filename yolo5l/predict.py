@@ -31,20 +31,12 @@ from yolo5l.config import check_predict_config
 from yolo5l.errors import UserError
 from yolo5l.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, Frame, StreamSet, file_frames, is_video, resolve_sources
 
-__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "list_sources", "predict"]
+__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "predict"]
 
 _DEFAULT_IMGSZ = 640  # when neither the command line nor the weights say
 _PREFETCH_BATCHES = 2  # batches decoded ahead of the model
 #: A batch item: the frame, its letterboxed copy (H, W, 3) and ((ratio_h, ratio_w), (pad_w, pad_h)).
 _Item = tuple[Frame, np.ndarray, tuple[tuple[float, float], tuple[float, float]]]
-
-
-def list_sources(source: str | Sequence[str], download_dir: Path | None = None) -> list[Path]:
-    """Image and video files of `source` (files, folders, globs, URLs of files; see `yolo5l.sources`)."""
-    files, streams = resolve_sources(source, download_dir or Path("downloads"))
-    if streams:
-        raise UserError(f"source {streams[0]} is a stream, not a file")
-    return files
 
 
 def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int, Any]:
