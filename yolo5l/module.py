@@ -342,23 +342,22 @@ class YOLOv5Module(pl.LightningModule):
     def _net(self) -> nn.Module:
         return self._eval_model if self._eval_model is not None else self.model
 
-    def _decoded(self, images: Tensor, heads: Sequence[Tensor], targets: Tensor | None = None) -> Tensor:
-        """(B, N, 5 + C) boxes for NMS: the heads decoded, or every test-time augmentation pass (`augment`), plus the
-        labels as candidates (`hybrid`)."""
+    def _detect(
+        self, heads: Sequence[Tensor], images: Tensor | None = None, targets: Tensor | None = None
+    ) -> list[Tensor]:
+        """NMS of the decoded heads; with `images`, every test-time augmentation pass (`augment`), and with `targets`,
+        the labels as candidates too (`hybrid`)."""
         net = self._net()
-        if self.hparams.get("augment"):
+        if self.hparams.get("augment") and images is not None:
             from yolo5l.tta import augmented_decode
 
             decoded = augmented_decode(net, images, heads)
         else:
             decoded = net.decode(heads)
-        if self.hparams.get("hybrid") and targets is not None:
+        if self.hparams.get("hybrid") and targets is not None and images is not None:
             from yolo5l.save_preds import with_label_candidates
 
             decoded = with_label_candidates(decoded, targets, images.shape[2:])
-        return decoded
-
-    def _detect(self, decoded: Tensor) -> list[Tensor]:
         # One call for the batch: candidate selection runs batched, the NMS itself image by image (see boxes.py).
         single_cls = bool(self.hparams.get("single_cls"))
         dets = non_max_suppression(
@@ -394,7 +393,7 @@ class YOLOv5Module(pl.LightningModule):
         _, items = self.loss(heads, targets)  # targets are normalised to the letterboxed batch
         for name, value in zip(("box", "obj", "cls"), items, strict=True):
             self.log(f"val/loss_{name}", value, on_epoch=True, sync_dist=True, batch_size=bsz)
-        dets = self._to_original(self._detect(self._decoded(images, heads, targets)), (h, w), shapes)
+        dets = self._to_original(self._detect(heads, images, targets), (h, w), shapes)
 
         # Ground truth per image, in the same original-image pixels (validation only: these sync the host).
         order = torch.argsort(targets[:, 0], stable=True)
@@ -422,4 +421,4 @@ class YOLOv5Module(pl.LightningModule):
             images, shapes = batch, None
         else:  # (images, targets, paths, shapes) like the validation batches
             images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
-        return self._to_original(self._detect(self._decoded(images, self._net()(images))), images.shape[2:], shapes)
+        return self._to_original(self._detect(self.model(images), images), images.shape[2:], shapes)
