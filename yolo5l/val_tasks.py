@@ -92,6 +92,7 @@ def validation_loop(
     times: StageTimes | None = None,
     saver: Any = None,
     hybrid: bool = False,
+    single_cls: bool = False,
     warmup: bool = False,
     autocast: torch.dtype | None = None,
 ) -> dict[str, float]:
@@ -111,6 +112,7 @@ def validation_loop(
         times: Stage clocks (`StageTimes`); None times nothing.
         saver: A `yolo5l.save_preds.PredictionSaver` (txt, JSON entries); None saves nothing.
         hybrid: Add the labels to the NMS candidates (`save_hybrid`).
+        single_cls: NMS across classes and every detection class 0 (`data.single_cls`, v7.0's `--single-cls`).
         warmup: Run the first batch once untimed before timing it.
         autocast: Run the detector under `torch.autocast` in this dtype (the trainer's mixed precision).
 
@@ -141,8 +143,12 @@ def validation_loop(
             decoded = with_label_candidates(decoded, targets, (h, w))
         with clock.stage(2):
             dets = non_max_suppression(
-                decoded, conf_thres=conf_thres, iou_thres=iou_thres, multi_label=True, max_det=max_det, max_nms=30000
-            )
+                decoded, conf_thres=conf_thres, iou_thres=iou_thres, agnostic=single_cls, multi_label=True,
+                max_det=max_det, max_nms=30000,
+            )  # fmt: skip
+        if single_cls:  # as YOLOv5Module._detect
+            for det in dets:
+                det[:, 5] = 0
         clock.images += bsz
         dets = YOLOv5Module._to_original(dets, (h, w), shapes)
         if saver is not None:
@@ -290,7 +296,7 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
             times = StageTimes(device)
             validation_loop(
                 detector, datamodule, device, SPEED_CONF, SPEED_IOU, int(m.max_det), times=times, warmup=True,
-                autocast=autocast,
+                autocast=autocast, single_cls=datamodule.single_cls,
             )  # fmt: skip
             shape = (datamodule.val_dataset.batch_size, 3, datamodule.imgsz, datamodule.imgsz)
             ms = times.per_image_ms()
@@ -308,6 +314,7 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
         metrics = validation_loop(
             detector, datamodule, device, float(m.conf_thres), float(m.iou_thres), int(m.max_det),
             metric=instantiate(m.metric, _convert_="all"), times=times, warmup=True, autocast=autocast,
+            single_cls=datamodule.single_cls,
         )  # fmt: skip
         ms = times.per_image_ms()
         keys = ("val/precision", "val/recall", "val/map_50", "val/map")
