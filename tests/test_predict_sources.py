@@ -169,7 +169,8 @@ def test_a_video_read_as_a_stream_drops_stale_frames(env):
 @pytest.mark.parametrize(
     ("source", "message"),
     [("7", "source webcam 7: cannot open it"), ("{url}/missing.mjpg", "source http://127.0.0.1:"),
-     ("{tmp}/nothing_here.jpg", "not found"), ("{tmp}/none.txt", "stream list not found")],
+     ("{tmp}/nothing_here.jpg", "not found"), ("{tmp}/none.txt", "stream list not found"),
+     ("rtsp://127.0.0.1:9/cam", "source rtsp://127.0.0.1:9/cam: cannot open it")],
 )  # fmt: skip
 def test_a_source_that_cannot_be_opened_is_one_line(env, source, message):
     source = source.format(url=env["url"], tmp=env["tmp"])
