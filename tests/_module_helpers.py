@@ -73,10 +73,13 @@ class TinyData(pl.LightningDataModule):
         return DataLoader(self.ds, batch_size=self.batch_size, shuffle=False, collate_fn=collate)
 
 
-def tiny_module(nbs: int = 8, ciou_backend: str = "auto", map_backend: str = "yolov5", **kw) -> YOLOv5Module:
-    """A 2-class yolov5 at width 0.125 with the parts conf/module/yolov5.yaml injects (SGD, linear schedule)."""
+def tiny_module(
+    nbs: int = 8, ciou_backend: str = "auto", map_backend: str = "yolov5", model: YOLOv5 | None = None, **kw
+) -> YOLOv5Module:
+    """A 2-class yolov5 at width 0.125 (or ``model``) with the parts conf/module/yolov5.yaml injects (SGD, linear
+    schedule)."""
     torch.manual_seed(0)
-    model = YOLOv5(num_classes=2, depth=0.33, width=0.125)
+    model = YOLOv5(num_classes=2, depth=0.33, width=0.125) if model is None else model
     return YOLOv5Module(
         model,
         loss=partial(YOLOv5Loss.from_model, hyp=HYP, imgsz=IMGSZ, ciou_backend=ciou_backend),

@@ -263,7 +263,7 @@ def test_fused_upsample_parity_or_fallback():
             torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("name", ["yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x"])
+@pytest.mark.parametrize("name", ["yolov5n", "yolov5s", "yolov5m", "yolov5l", "yolov5x", "yolov5n6", "yolov5s6"])
 def test_every_model_config_instantiates(name):
     cfg = OmegaConf.load(CONF_MODEL / f"{name}.yaml")
     model = instantiate(cfg, num_classes=3)
@@ -277,5 +277,6 @@ def test_every_model_config_instantiates(name):
 
 def test_conf_model_folder_has_only_known_sizes():
     assert sorted(p.stem for p in CONF_MODEL.glob("*.yaml")) == [
-        "yolov5l", "yolov5m", "yolov5n", "yolov5s", "yolov5x",
+        "yolov5l", "yolov5l6", "yolov5m", "yolov5m6", "yolov5n", "yolov5n6", "yolov5s", "yolov5s6", "yolov5x",
+        "yolov5x6",
     ]  # fmt: skip

@@ -173,7 +173,7 @@ def _fake_ultralytics_modules() -> dict[str, types.ModuleType]:
                     extra = [n, *args[1:]] if name == "C3" else args[1:]
                     m = {"Conv": Conv, "C3": C3, "SPPF": SPPF}[name](c1, c2, *extra)
                 elif name == "nn.Upsample":
-                    m, c2 = nn.Upsample(*args), ch[f]
+                    m, c2 = nn.Upsample(*[None if a == "None" else a for a in args]), ch[f]
                 elif name == "Concat":
                     m, c2 = Concat(*args), sum(ch[x] for x in f)
                 else:
@@ -185,7 +185,7 @@ def _fake_ultralytics_modules() -> dict[str, types.ModuleType]:
                 ch.append(c2)
             self.model = nn.Sequential(*layers)
             detect = self.model[-1]
-            detect.stride = torch.tensor([8.0, 16.0, 32.0])
+            detect.stride = torch.tensor([8.0, 16.0, 32.0, 64.0][: detect.nl])  # P3-P5, or P3-P6
             detect.anchors /= detect.stride.view(-1, 1, 1)
             self.stride = detect.stride
             self.names = {i: f"class{i}" for i in range(cfg["nc"])}
@@ -432,15 +432,46 @@ def test_legacy_torch_save_format(tmp_path):
     )
 
 
-def test_other_architecture_is_named(tmp_path):
+def test_other_architecture_loads_as_its_yaml(tmp_path):
+    # Any architecture made of v7.0's blocks is built from the file's own yaml, key for key.
     cfg = copy.deepcopy(YOLOV5S_YAML)
     cfg["width_multiple"] = 0.125
     cfg["backbone"][9] = [-1, 1, "Conv", [1024, 1, 1]]  # no SPPF
     path = tmp_path / "custom.pt"
     with fake_ultralytics() as yolo:
-        torch.save(_ultralytics_ckpt(yolo.DetectionModel(cfg).half()), path)
-    with pytest.raises(ValueError, match=r"custom\.pt: layer 9 is Conv where .* has SPPF \(25 layers, expected 25\)"):
+        fake = yolo.DetectionModel(cfg)
+        _randomize(fake)
+        torch.save(_ultralytics_ckpt(fake), path)
+    model, info = load_ultralytics(path)
+    assert isinstance(model.cfg, dict)
+    assert model.cfg["backbone"][9] == [-1, 1, "Conv", [1024, 1, 1]]
+    assert (info.transferred, info.total) == (len(fake.state_dict()), len(fake.state_dict()))
+    x = torch.rand(1, 3, 64, 96)
+    fake.eval()
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode(model(x)), fake(x)[0], rtol=1e-5, atol=1e-4)
+    # The yolo5l file keeps the yaml as plain data: it loads with weights_only and rebuilds the same model.
+    out = tmp_path / "custom_yolo5l.pt"
+    assert convert_main([str(path), str(out)]) == 0
+    assert torch.load(out, weights_only=True)["model_config"]["cfg"]["backbone"][9][2] == "Conv"
+    again, _ = load_checkpoint(out)
+    torch.testing.assert_close(again.state_dict(), model.state_dict(), rtol=0, atol=1e-3)  # fp16 in the file
+
+
+def test_yaml_that_does_not_fit_the_weights_is_named(tmp_path):
+    with fake_ultralytics() as yolo:
+        fake = yolo.DetectionModel({**copy.deepcopy(YOLOV5S_YAML), "width_multiple": 0.125})
+        fake.yaml["backbone"][3] = [-1, 1, "Conv", [384, 3, 2]]  # the yaml says other channels than the weights
+        path = tmp_path / "tampered.pt"
+        torch.save(_ultralytics_ckpt(fake.half()), path)
+        fake.yaml["head"][-1][2] = "Segment"
+        seg = tmp_path / "seg.pt"
+        torch.save(_ultralytics_ckpt(fake), seg)
+    with pytest.raises(ValueError, match=r"tampered\.pt: \d+ tensors do not fit .* do not match the architecture"):
         load_ultralytics(path)
+    with pytest.raises(ValueError, match=r"seg\.pt: its model yaml: layer 24 uses 'Segment', which yolo5l does not"):
+        load_ultralytics(seg)
 
 
 def test_convert_cli_round_trip(tmp_path, ultralytics_file, capsys):

@@ -3,8 +3,10 @@
     python -m yolo5l.convert yolov5s.pt yolov5s_yolo5l.pt [--num-classes N]
 
 The output is what :func:`yolo5l.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
-anchors}, ``state_dict`` (half precision) and ``names``; ``torch.load(out, weights_only=True)`` reads it. The input
-is read without running pickled code (``yolo5l.safe_pickle``): no ultralytics install is needed.
+anchors, cfg (the layer table: None for P5, "p6", or the model yaml)}, ``state_dict`` (half precision), ``names``
+and ``imgsz``; ``torch.load(out, weights_only=True)`` reads it. The input (a stripped release file, or the
+unstripped ``last.pt``/``best.pt`` of a run, whose EMA weights are taken) is read without running pickled code
+(``yolo5l.safe_pickle``): no ultralytics install is needed.
 """
 
 from __future__ import annotations
@@ -54,13 +56,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         model, info = load_weights(args.source, num_classes=args.num_classes)
-        save_weights(model, args.output, info.names)
+        save_weights(model, args.output, info.names, imgsz=info.imgsz)
     except (FileNotFoundError, UnsafeCheckpointError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(
         f"Transferred {info.transferred}/{info.total} items from {args.source}; wrote {args.output} "
-        f"({model.num_classes} classes, depth {model.depth}, width {model.width})"
+        f"({model.describe()}, {model.num_classes} classes, depth {model.depth}, width {model.width})"
     )
     return 0
 

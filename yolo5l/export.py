@@ -31,7 +31,7 @@ from yolo5l.config import check_export_config
 from yolo5l.errors import UserError
 from yolo5l.exported import load_exported, require_extra
 from yolo5l.models.common import Conv
-from yolo5l.models.yolo import _LAYERS, YOLOv5
+from yolo5l.models.yolo import YOLOv5
 
 __all__ = ["DecodedYOLOv5", "export_model", "export_weights", "prepare_for_export"]
 
@@ -70,9 +70,7 @@ def prepare_for_export(model: YOLOv5) -> YOLOv5:
     for m in model.modules():
         if isinstance(m, Conv):
             m.fused_bn_act = False
-    for i, (_, _, block, _) in enumerate(_LAYERS):
-        if block == "Upsample":
-            model.model[i] = nn.Upsample(scale_factor=2.0, mode="nearest")
+    model.plain_upsample()
     # A grid cached by an earlier forward would enter the trace as a constant of that size (and break dynamic axes);
     # built during the trace, it is recorded as arange ops on the input's size.
     model.detect._grids.clear()
@@ -224,6 +222,7 @@ def export_weights(cfg: DictConfig) -> Path:
     """Export as `cfg` (conf/export.yaml) says; returns the file written."""
     from yolo5l.download import weights_url
     from yolo5l.hardware import inference_device
+    from yolo5l.model_source import check_stride
     from yolo5l.weights import load_weights, resolve_weights
 
     check_export_config(cfg)
@@ -244,6 +243,7 @@ def export_weights(cfg: DictConfig) -> Path:
         raise UserError(str(e).splitlines()[0]) from None
     # The training size where the weights file records one; else YOLOv5's 640.
     imgsz = int(cfg.imgsz or getattr(load_info, "imgsz", None) or _DEFAULT_IMGSZ)
+    check_stride(model, imgsz, "imgsz")
     resume_gc()  # set-up is built (the command line paused the collector for it); tracing makes cyclic garbage
     path, diff = export_model(
         model, output, fmt, names=list(load_info.names), imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic),

@@ -43,6 +43,7 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
     """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
     network itself (None for an exported file)."""
     from yolo5l.exported import is_exported, load_exported
+    from yolo5l.model_source import check_stride
     from yolo5l.weights import load_weights, resolve_weights
 
     net: nn.Module | None = None
@@ -70,6 +71,8 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
                 return net.decode(net(images))
 
     imgsz = int(cfg.imgsz) if cfg.get("imgsz") is not None else int(file_imgsz or _DEFAULT_IMGSZ)
+    if net is not None:
+        check_stride(net, imgsz, "imgsz")
     return detector, [str(n) for n in (cfg.names or names)], imgsz, net
 
 

@@ -1,10 +1,14 @@
 """A pickle reader that runs no code: ultralytics/yolov5 ``.pt`` files are full pickles of their model classes.
 
 ``restricted_pickle`` is a module-like object for ``torch.load(pickle_module=...)``: its unpickler admits only an
-explicit list of globals (torch's tensor rebuilders, ``OrderedDict``, ``set``, pure paths, numpy scalars) and turns
-the pickled module classes (``models.common.Conv``, ``torch.nn.Conv2d``, ...) into inert ``StandIn`` objects that
-only hold their ``__dict__``. Anything else raises :class:`UnsafeCheckpointError`, naming the global; nothing it
-refers to is imported or called.
+explicit list of globals (torch's tensor rebuilders, ``OrderedDict``, ``set``, pure paths, numpy arrays, dtypes and
+scalars) and turns the pickled module classes (``models.common.Conv``, ``torch.nn.Conv2d``, ...) and ``opt``'s
+``argparse.Namespace`` into inert ``StandIn`` objects that only hold their ``__dict__``. Anything else raises
+:class:`UnsafeCheckpointError`, naming the global; nothing it refers to is imported or called.
+
+The numpy globals are those of the arrays and scalars in an unstripped training checkpoint (``best_fitness``, the
+optimizer's learning rates): ``_reconstruct`` makes an empty array of an admitted class (only ``numpy.ndarray``) and
+``ndarray.__setstate__`` fills it from bytes or, for object arrays, from objects this same unpickler made.
 """
 
 from __future__ import annotations
@@ -43,8 +47,6 @@ class UnsafeCheckpointError(pickle.UnpicklingError, ValueError):
         )
 
 
-
-
 class StandIn:
     """Inert stand-in for a pickled module object: pickle's BUILD fills ``__dict__``, nothing else runs."""
 
@@ -59,22 +61,32 @@ class StandIn:
         return f"<stand-in for {self.pickled_as}>"
 
 
-# Module classes an ultralytics/yolov5 v6-v7 pickle refers to (+ v5-era Focus/SPP, other activations and the v7
-# segmentation/classification models, so that such files fail later with a clear architecture message).
+# Module classes an ultralytics/yolov5 v6-v7 pickle refers to: the blocks its model yamls can name (v5-era ones in
+# models.experimental too), activations, and the v7 segmentation/classification models (so that such files fail
+# later with a clear architecture message).
+_COMMON = (
+    "Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify", "DWConv", "DWConvTranspose2d",
+    "TransformerLayer", "TransformerBlock", "BottleneckCSP", "CrossConv", "C3x", "C3TR", "C3SPP", "C3Ghost",
+    "GhostConv", "GhostBottleneck", "Contract", "Expand",
+)  # fmt: skip
+_EXPERIMENTAL = ("MixConv2d", "CrossConv", "GhostConv", "GhostBottleneck", "Sum")
+_YOLO = ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel")
 _MODULE_CLASSES: dict[str, tuple[str, ...]] = {
-    "models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
-    "models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
-    # The PyPI `yolov5` package pickles the same classes under its own package name.
-    "yolov5.models.common": ("Conv", "C3", "Bottleneck", "SPPF", "Concat", "Focus", "SPP", "Proto", "Classify"),
-    "yolov5.models.yolo": ("Detect", "DetectionModel", "Model", "Segment", "SegmentationModel", "ClassificationModel"),
-    "torch.nn.modules.activation": ("SiLU", "ReLU", "LeakyReLU", "Hardswish"),
+    **{f"{pkg}models.{mod}": names for pkg in ("", "yolov5.")  # the PyPI `yolov5` package pickles as yolov5.models
+       for mod, names in (("common", _COMMON), ("experimental", _EXPERIMENTAL), ("yolo", _YOLO))},
+    "torch.nn.modules.activation": (
+        "SiLU", "ReLU", "ReLU6", "LeakyReLU", "Hardswish", "Mish", "GELU", "ELU", "Sigmoid", "Tanh",
+        "MultiheadAttention",
+    ),
     "torch.nn.modules.batchnorm": ("BatchNorm2d",),
     "torch.nn.modules.container": ("ModuleList", "Sequential"),
-    "torch.nn.modules.conv": ("Conv2d",),
-    "torch.nn.modules.linear": ("Identity",),
+    "torch.nn.modules.conv": ("Conv2d", "ConvTranspose2d"),
+    "torch.nn.modules.linear": ("Identity", "Linear", "NonDynamicallyQuantizableLinear"),
+    "torch.nn.modules.padding": ("ZeroPad2d",),
     "torch.nn.modules.pooling": ("MaxPool2d",),
     "torch.nn.modules.upsampling": ("Upsample",),
-}
+    "argparse": ("Namespace",),  # train.py's `opt` in files that pickled the Namespace itself
+}  # fmt: skip
 _STAND_INS: dict[tuple[str, str], type[StandIn]] = {
     (mod, name): type(name, (StandIn,), {"pickled_as": f"{mod}.{name}", "__module__": __name__})
     for mod, names in _MODULE_CLASSES.items()
@@ -87,13 +99,20 @@ _STORAGES = (
 _DTYPES = ("float16", "float32", "float64", "bfloat16", "int64", "int32", "uint8", "bool")
 
 
+_NUMPY_GLOBALS = {
+    ("numpy", "dtype"), ("numpy", "ndarray"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),  # numpy 2 renamed numpy.core
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+}  # fmt: skip
+
+
 def _numpy_global(name: str) -> Any:
     import numpy as np
 
-    if name == "dtype":
-        return np.dtype
+    if name in ("dtype", "ndarray"):
+        return getattr(np, name)
     core = getattr(np, "_core", None) or np.core  # numpy 2 moved numpy.core to numpy._core
-    return core.multiarray.scalar
+    return getattr(core.multiarray, name)  # scalar or _reconstruct
 
 
 def _allowed_global(module: str, name: str) -> Any:
@@ -121,7 +140,7 @@ def _allowed_global(module: str, name: str) -> Any:
         return getattr(torch, name)
     if key == ("_codecs", "encode"):  # protocol 2 pickles bytes (e.g. a numpy scalar's payload) as encode(str)
         return codecs.encode
-    if key in (("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"), ("numpy", "dtype")):
+    if key in _NUMPY_GLOBALS:
         return _numpy_global(name)
     raise UnsafeCheckpointError(module, name)
 

@@ -67,16 +67,16 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch.callbacks import ProgressBar
 
     from yolo5l.hardware import precision_reason, trainer_policy, tune_host_memory
+    from yolo5l.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
-    from yolo5l.weights import load_pretrained, resolve_weights
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
     tune_host_memory(bool(cfg.get("tune_malloc", False)))
     datamodule = instantiate(cfg.data, _convert_="all")
-    model = instantiate(cfg.model, num_classes=datamodule.num_classes, _convert_="all")
-    if cfg.get("weights"):
-        loaded = load_pretrained(model, resolve_weights(str(cfg.weights)))
-        info(f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights}")
+    model, loaded = build_model(cfg, datamodule.num_classes)  # cfg.model gets what was built (resume rebuilds it)
+    if loaded is not None:
+        info(f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights} ({model.describe()})")
+    datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # 64 for P6: rectangular batches use it
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
     if frozen:
         info(f"froze {len(frozen)} parameter tensors (freeze={cfg.freeze})")

@@ -54,6 +54,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.callbacks.val_plots import ValidationPlots
     from yolo5l.exported import is_exported
     from yolo5l.hardware import trainer_policy
+    from yolo5l.model_source import check_stride
     from yolo5l.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
@@ -76,6 +77,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     if cfg.data.get("imgsz") is None:
         _set_imgsz(cfg, loaded.imgsz)
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
+    datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # rectangular batches: multiples of it
     if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0
         raise UserError(
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "

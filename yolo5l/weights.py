@@ -2,11 +2,15 @@
 
 An ultralytics ``.pt`` file is a full pickle of ``models.yolo.DetectionModel``; ``torch.load(weights_only=True)``
 refuses it and ``weights_only=False`` would run whatever the pickle says. :func:`load_ultralytics` reads it through
-:mod:`yolo5l.safe_pickle` (an allow-list of globals, inert stand-ins for the module classes): no code runs.
+:mod:`yolo5l.safe_pickle` (an allow-list of globals, inert stand-ins for the module classes): no code runs. Stripped
+release files and the unstripped ``last.pt``/``best.pt`` of a running or interrupted run (optimizer state, ``opt``,
+``ema`` beside ``model``, numpy ``best_fitness``) both load; the EMA weights are taken when present. The model is
+the one the file holds: its yaml (P5, P6 or any v7.0 model yaml, :mod:`yolo5l.models.parse`), anchors and classes.
 
 A yolo5l weights file (written by :func:`save_weights`: training's ``weights.pt``, ``python -m yolo5l.convert``) is
-a plain dict ``{"model_config": {depth, width, num_classes, anchors}, "state_dict": ..., "names": [...]}`` that
-``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the model from it. Every checkpoint yolo5l
+a plain dict ``{"model_config": {depth, width, num_classes, anchors, cfg}, "state_dict": ..., "names": [...]}``
+that ``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the model from it (``cfg`` is None for
+the P5 table, ``"p6"``, or the model yaml as plain data). Every checkpoint yolo5l
 writes goes through :func:`atomic_save` (a temporary file, fsync, rename), so a crash never leaves half a file.
 
 Reference: ultralytics/yolov5 v7.0 train.py (``intersect_dicts`` by key and shape, "Transferred 349/349 items").
@@ -30,7 +34,9 @@ from torch import Tensor
 
 from yolo5l.archive import archive_damage
 from yolo5l.errors import UserError
-from yolo5l.models.yolo import _LAYERS, ANCHORS_P3_P5, STRIDES, YOLOv5
+from yolo5l.models.common import Conv
+from yolo5l.models.parse import builtin_name, normalize_spec
+from yolo5l.models.yolo import YOLOv5
 from yolo5l.safe_pickle import StandIn, UnsafeCheckpointError, restricted_pickle
 
 log = logging.getLogger(__name__)
@@ -48,8 +54,8 @@ __all__ = [
     "save_weights",
 ]
 
-# Keys of the Detect convolutions: the only tensors whose shapes depend on the number of classes.
-_HEAD_CONV_PREFIX = f"model.{len(_LAYERS) - 1}.m."
+# v7.0's P6 models are trained and evaluated at 1280 px (README); the size used when a P6 file records none.
+_P6_IMGSZ = 1280
 
 
 class _NotYolo5lCheckpoint(ValueError):
@@ -64,9 +70,11 @@ class LoadInfo:
         source: The file read.
         names: Class names (from the file; ``["0", "1", ...]`` when the model was built for another class count).
         transferred: Tensors copied from the file into the model.
-        total: Tensors in the model's state dict (349 for every size at depth 0.33).
+        total: Tensors in the model's state dict (349 for every P5 size at depth 0.33).
         skipped: Model keys left at their fresh initialisation (the Detect convs when the class count differs).
         file_num_classes: Number of classes the file was trained on.
+        imgsz: The image size the weights were trained at, as the file records it (yolo5l's ``imgsz``, an
+            ultralytics file's ``opt.imgsz``); for a P6 file that records none, 1280 (v7.0's size for P6 models).
     """
 
     source: str
@@ -75,7 +83,7 @@ class LoadInfo:
     total: int
     skipped: list[str] = field(default_factory=list)
     file_num_classes: int = 0
-    imgsz: int | None = None  # the image size the weights were trained at, when the file records it
+    imgsz: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,28 +158,56 @@ def _find_model(ckpt: Any, path: str) -> StandIn:
     raise ValueError(f"{path}: holds a {type(ckpt).__name__}, not a yolov5 checkpoint dict")
 
 
-def _check_architecture(model: StandIn, path: str) -> list[StandIn]:
+def _layers(model: StandIn) -> list[StandIn]:
     seq = _module_dict(model).get("_modules", {}).get("model")
-    layers = list((_module_dict(seq).get("_modules") or {}).values())
-    found = [type(m).__name__ for m in layers]
-    expected = [block for _, _, block, _ in _LAYERS]
-    if found != expected:
-        hint = ""
-        if found[:1] == ["Focus"]:
-            hint = " (a yolov5 v5.0-or-older file with a Focus stem; re-export it with yolov5 v6+)"
-        elif found[-1:] == ["Segment"] or found[-1:] == ["Classify"]:
-            hint = f" (a yolov5 {found[-1]} model; yolo5l loads detection models)"
-        elif len(found) > len(expected):
-            hint = " (a P6 model such as yolov5s6?)"
-        pairs = enumerate(zip(found, expected, strict=False))
-        i = next((j for j, (a, b) in pairs if a != b), min(len(found), len(expected)))
-        got = found[i] if i < len(found) else "nothing"
-        raise ValueError(
-            f"{path}: layer {i} is {got} where the YOLOv5 v6/v7 P3-P5 detector (yolov5n/s/m/l/x) that yolo5l builds "
-            f"has {expected[i] if i < len(expected) else 'no layer'} ({len(found)} layers, expected {len(expected)})"
-            f"{hint}"
-        )
-    return layers
+    return list((_module_dict(seq).get("_modules") or {}).values())
+
+
+def _architecture(model: StandIn, path: str) -> tuple[dict[str, Any], str | dict[str, Any] | None]:
+    """The file's model yaml (normalised) and the ``cfg`` that builds it: None (P5 table), "p6", or the yaml."""
+    found = [type(m).__name__ for m in _layers(model)]
+    if found[-1:] in (["Segment"], ["Classify"]):
+        raise ValueError(f"{path}: a yolov5 {found[-1]} model; yolo5l loads detection models (a Detect head)")
+    raw = _module_dict(model).get("yaml")
+    if not isinstance(raw, Mapping) or not {"backbone", "head"} <= set(raw):
+        raise ValueError(f"{path}: the model has no yaml with backbone and head lists; not a yolov5 v5-v7 file")
+    spec = normalize_spec(raw, f"{path}: its model yaml")
+    rows = len(spec["backbone"]) + len(spec["head"])
+    if len(found) != rows:
+        raise ValueError(f"{path}: {len(found)} layers but its model yaml lists {rows}; the file is damaged")
+    name = builtin_name(spec)
+    return spec, None if name == "p5" else name or spec
+
+
+def _check_activations(src: StandIn, model: YOLOv5, path: str) -> None:
+    """Refuse a file whose Conv activations differ from the ones its yaml builds (yolov5 v4 and older used
+    LeakyReLU/Hardswish without saying so in the yaml): the weights would load but compute something else."""
+    for name, module in model.named_modules():
+        if not isinstance(module, Conv):
+            continue
+        node: Any = src
+        for part in name.split("."):
+            node = (_module_dict(node).get("_modules") or {}).get(part)
+        theirs = (_module_dict(node).get("_modules") or {}).get("act")
+        if theirs is None:
+            continue
+        ours = type(module.act).__name__
+        if type(theirs).__name__ != ours:
+            raise ValueError(
+                f"{path}: {name} activates with {type(theirs).__name__} where the model its yaml describes has "
+                f"{ours} (a yolov5 v4-or-older file?); re-export it with yolov5 v6+"
+            )
+
+
+def _opt_imgsz(ckpt: Any) -> int | None:
+    """``opt.imgsz`` (v6-v7) or ``opt.img_size[0]`` (v5) of an ultralytics training checkpoint, when recorded."""
+    opt = ckpt.get("opt") if isinstance(ckpt, Mapping) else None
+    opt = _module_dict(opt) if isinstance(opt, StandIn) else opt
+    if not isinstance(opt, Mapping):
+        return None
+    size = opt.get("imgsz", opt.get("img_size"))
+    size = size[0] if isinstance(size, (list, tuple)) and size else size
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _file_names(model: StandIn, nc: int) -> list[str]:
@@ -184,20 +220,24 @@ def _file_names(model: StandIn, nc: int) -> list[str]:
 
 
 def _transfer(
-    model: YOLOv5, source: Mapping[str, Tensor], path: str, names: list[str], file_nc: int
+    model: YOLOv5, source: Mapping[str, Tensor], path: str, names: list[str], file_nc: int, own_anchors: bool = False
 ) -> tuple[YOLOv5, LoadInfo]:
-    """Copy tensors matching by key and shape (yolov5's ``intersect_dicts``), cast to the model's dtypes."""
+    """Copy tensors matching by key and shape (yolov5's ``intersect_dicts``), cast to the model's dtypes; with
+    ``own_anchors`` the model keeps the anchors it was built with (v7.0 excludes ``anchor`` keys then)."""
     target = model.state_dict()
+    head = f"model.{len(model.model) - 1}."
+    kept = {f"{head}anchors"} if own_anchors else set()
     new_sd: dict[str, Tensor] = {}
     for k, v in source.items():
-        if k in target and target[k].shape == v.shape:
+        if k in target and target[k].shape == v.shape and k not in kept:
             new_sd[k] = v.detach().to(target[k].dtype)
     skipped = [k for k in target if k not in new_sd]
-    foreign = [k for k in skipped if not k.startswith(_HEAD_CONV_PREFIX)]
+    # The Detect convs are the only tensors whose shapes depend on the class count.
+    foreign = [k for k in skipped if not k.startswith(f"{head}m.") and k not in kept]
     if foreign:
         raise ValueError(
             f"{path}: {len(foreign)} tensors do not fit the model built from its config (e.g. {foreign[:3]}); "
-            "the file's architecture differs from yolo5l's YOLOv5"
+            "the file's weights do not match the architecture it describes"
         )
     model.load_state_dict({**target, **new_sd})
     if model.num_classes != file_nc:
@@ -214,20 +254,26 @@ def _to_device(model: YOLOv5, map_location: Any) -> YOLOv5:
 
 
 def load_ultralytics(
-    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    num_classes: int | None = None,
+    map_location: str | torch.device = "cpu",
+    **model_kwargs: Any,
 ) -> tuple[YOLOv5, LoadInfo]:
-    """Build a :class:`YOLOv5` from an ultralytics/yolov5 v6-v7 ``.pt`` file, without ultralytics and without
+    """Build the :class:`YOLOv5` an ultralytics/yolov5 v5-v7 ``.pt`` file holds, without ultralytics and without
     running pickled code.
 
-    The model's depth/width come from the file's ``yaml``; its anchors from the ``model.24.anchors`` buffer (which
-    autoanchor may have changed, unlike the yaml). Tensors are cast to float32. With ``num_classes`` different from
-    the file's, everything but the Detect convolutions transfers (343/349 for yolov5s). Uses the EMA weights when
-    the file has them, as yolov5's ``attempt_load`` does. The model is returned in training mode.
+    The architecture comes from the file's ``yaml`` (the P5 or P6 table, or any v7.0 model yaml); its anchors from
+    the Detect ``anchors`` buffer (which autoanchor may have changed, unlike the yaml). Tensors are cast to float32.
+    With ``num_classes`` different from the file's, everything but the Detect convolutions transfers (343/349 for
+    yolov5s). Uses the EMA weights when the file has them (an unstripped ``last.pt``), as yolov5's ``attempt_load``
+    does. The model is returned in training mode.
 
     Args:
-        path: The ``.pt`` file (e.g. ``yolov5s.pt``, or a ``best.pt`` from yolov5 train.py).
+        path: The ``.pt`` file (e.g. ``yolov5s.pt``, or a ``best.pt`` / ``last.pt`` from yolov5 train.py).
         num_classes: Classes of the model to build; None keeps the file's.
         map_location: Device to put the model on.
+        **model_kwargs: Further :class:`YOLOv5` arguments that do not change the weights (``fused_upsample``,
+            ``fused_bn_act``), or ``anchors`` to build with other anchors than the file's.
 
     Returns:
         ``(model, info)``; ``info.transferred``/``info.total`` are yolov5's "Transferred 349/349 items".
@@ -235,29 +281,33 @@ def load_ultralytics(
     Raises:
         FileNotFoundError: If ``path`` does not exist.
         UnsafeCheckpointError: If the pickle refers to a global outside the allow-list (nothing is executed).
-        ValueError: If the file is not a yolov5 v6-v7 P3-P5 detection checkpoint.
+        ValueError: If the file is not a yolov5 detection checkpoint that yolo5l can build.
     """
     p = _check_file(path)
     ckpt = _unpickle_ultralytics(p)
     src_model = _find_model(ckpt, p)
-    layers = _check_architecture(src_model, p)
-    cfg = _module_dict(src_model).get("yaml")
-    if not isinstance(cfg, Mapping) or not {"nc", "depth_multiple", "width_multiple"} <= set(cfg):
-        raise ValueError(f"{p}: the model has no yaml with nc/depth_multiple/width_multiple; not a yolov5 v6+ file")
-    detect = _module_dict(layers[-1])
+    spec, arch = _architecture(src_model, p)
+    detect = _module_dict(_layers(src_model)[-1])
     anchors = (detect.get("_buffers") or {}).get("anchors")
     stride = detect.get("stride", _module_dict(src_model).get("stride"))
-    if not isinstance(anchors, Tensor) or not isinstance(stride, Tensor) or stride.tolist() != list(STRIDES):
-        raise ValueError(f"{p}: Detect has no anchors buffer or strides other than {list(STRIDES)}")
-    file_nc = int(cfg["nc"])
-    anchor_px = anchors.float() * stride.float().view(-1, 1, 1)  # grid units -> pixels
+    if not isinstance(anchors, Tensor) or not isinstance(stride, Tensor) or stride.numel() != anchors.shape[0]:
+        raise ValueError(f"{p}: its Detect head has no anchors buffer or no stride per level")
+    file_nc = int(spec["nc"])
+    own_anchors = model_kwargs.get("anchors") is not None
+    model_kwargs.setdefault("anchors", anchors.float() * stride.float().view(-1, 1, 1))  # grid units -> pixels
     model = YOLOv5(
         num_classes=file_nc if num_classes is None else num_classes,
-        depth=float(cfg["depth_multiple"]),
-        width=float(cfg["width_multiple"]),
-        anchors=anchor_px,
+        depth=float(spec["depth_multiple"]),
+        width=float(spec["width_multiple"]),
+        cfg=arch,
+        **model_kwargs,
     )
-    model, info = _transfer(model, _collect_state_dict(src_model), p, _file_names(src_model, file_nc), file_nc)
+    if model.detect.stride.tolist() != stride.float().tolist():
+        raise ValueError(f"{p}: Detect strides {stride.tolist()} but its yaml builds {model.detect.stride.tolist()}")
+    _check_activations(src_model, model, p)
+    names = _file_names(src_model, file_nc)
+    model, info = _transfer(model, _collect_state_dict(src_model), p, names, file_nc, own_anchors)
+    info.imgsz = _opt_imgsz(ckpt) or (_P6_IMGSZ if arch == "p6" else None)
     return _to_device(model, map_location), info
 
 
@@ -360,7 +410,8 @@ def save_weights(
             "depth": float(model.depth),
             "width": float(model.width),
             "num_classes": int(model.num_classes),
-            "anchors": model.anchor_pixels().detach().cpu().float().reshape(len(STRIDES), -1).tolist(),
+            "anchors": model.anchor_pixels().detach().cpu().float().reshape(model.detect.nl, -1).tolist(),
+            "cfg": model.cfg,
         },
         "state_dict": state,
         "names": names,
@@ -370,14 +421,18 @@ def save_weights(
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    num_classes: int | None = None,
+    map_location: str | torch.device = "cpu",
+    **model_kwargs: Any,
 ) -> tuple[YOLOv5, LoadInfo]:
-    """Build a :class:`YOLOv5` from a yolo5l weights file (:func:`save_weights`).
+    """Build a :class:`YOLOv5` from a yolo5l weights file (:func:`save_weights`) or training checkpoint.
 
     Args:
         path: The checkpoint.
         num_classes: Classes of the model to build; None keeps the checkpoint's (else the Detect convs are fresh).
         map_location: Device to put the model on.
+        **model_kwargs: As :func:`load_ultralytics`.
 
     Returns:
         ``(model, info)`` as :func:`load_ultralytics`.
@@ -405,14 +460,20 @@ def load_checkpoint(
         raise _NotYolo5lCheckpoint(f"{p}: not a yolo5l checkpoint (expected model_config and state_dict, found {keys})")
     cfg = ckpt["model_config"]
     file_nc = int(cfg["num_classes"])
-    model = YOLOv5(
-        num_classes=file_nc if num_classes is None else num_classes,
-        depth=float(cfg["depth"]),
-        width=float(cfg["width"]),
-        anchors=cfg["anchors"],
-    )
+    own_anchors = model_kwargs.get("anchors") is not None
+    model_kwargs.setdefault("anchors", cfg.get("anchors"))
+    try:
+        model = YOLOv5(
+            num_classes=file_nc if num_classes is None else num_classes,
+            depth=float(cfg["depth"]),
+            width=float(cfg["width"]),
+            cfg=cfg.get("cfg"),
+            **model_kwargs,
+        )
+    except ValueError as e:
+        raise ValueError(f"{p}: its model_config does not build ({str(e).splitlines()[0]})") from None
     names = [str(n) for n in ckpt.get("names") or range(file_nc)]
-    model, info = _transfer(model, ckpt["state_dict"], p, names, file_nc)
+    model, info = _transfer(model, ckpt["state_dict"], p, names, file_nc, own_anchors)
     info.imgsz = int(ckpt["imgsz"]) if isinstance(ckpt.get("imgsz"), int) else None
     return _to_device(model, map_location), info
 
@@ -428,8 +489,8 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
     imgsz = (run.get("data") or {}).get("imgsz")
     return {
         "model_config": {
-            "depth": model["depth"], "width": model["width"], "num_classes": len(names),
-            "anchors": model.get("anchors") or [list(a) for a in ANCHORS_P3_P5],
+            "depth": model.get("depth"), "width": model.get("width"), "num_classes": len(names),
+            "anchors": model.get("anchors"), "cfg": model.get("cfg"),
         },
         "state_dict": {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")},
         "names": list(names),
@@ -438,7 +499,10 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
 
 
 def load_weights(
-    path: str | os.PathLike[str], num_classes: int | None = None, map_location: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    num_classes: int | None = None,
+    map_location: str | torch.device = "cpu",
+    **model_kwargs: Any,
 ) -> tuple[YOLOv5, LoadInfo]:
     """Load either format: a yolo5l checkpoint, else an ultralytics/yolov5 ``.pt`` (restricted unpickling).
 
@@ -446,16 +510,17 @@ def load_weights(
         path: The file.
         num_classes: Classes of the model to build; None keeps the file's.
         map_location: Device to put the model on.
+        **model_kwargs: As :func:`load_ultralytics`.
 
     Returns:
-        ``(model, info)``.
+        ``(model, info)``: the model the file holds (architecture, anchors, classes unless ``num_classes``).
     """
     if os.path.isfile(path) and (damage := archive_damage(path)):  # torch.load never checks the checksums
         raise ValueError(f"{os.fspath(path)} is damaged ({damage}): use another copy of it")
     try:
-        return load_checkpoint(path, num_classes, map_location)
+        return load_checkpoint(path, num_classes, map_location, **model_kwargs)
     except _NotYolo5lCheckpoint:
-        return load_ultralytics(path, num_classes, map_location)
+        return load_ultralytics(path, num_classes, map_location, **model_kwargs)
 
 
 def resolve_weights(name_or_url: str | os.PathLike[str]) -> pathlib.Path:
@@ -490,10 +555,10 @@ def load_pretrained(model: YOLOv5, path: str | os.PathLike[str]) -> LoadInfo:
         loaded, info = load_weights(path, num_classes=model.num_classes)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
-    if (loaded.depth, loaded.width) != (model.depth, model.width):
+    if loaded.architecture() != model.architecture():
         raise UserError(
-            f"weights {os.fspath(path)} are a depth={loaded.depth} width={loaded.width} model but the config builds "
-            f"depth={model.depth} width={model.width}: pick the matching model= option"
+            f"weights {os.fspath(path)} hold {loaded.describe()} but the config builds {model.describe()}: "
+            "pick the matching model= option"
         )
     model.load_state_dict(loaded.state_dict())
     return info

@@ -150,6 +150,7 @@ class YOLODataModule(LightningDataModule):
         self.file = file
         self.synthetic = dict(synthetic) if synthetic is not None else {}
         self.imgsz = int(imgsz)
+        self.stride = 32  # the model's largest stride (the entry points set it: 64 for P6); rectangular batches use it
         self.batch_size = int(batch_size)
         if num_workers != "auto" and not (isinstance(num_workers, int) and num_workers >= 0):
             raise ValueError(f"data.num_workers must be a count >= 0 or 'auto', got {num_workers!r}")
@@ -235,7 +236,7 @@ class YOLODataModule(LightningDataModule):
             ds = YOLODataset(
                 index, self.imgsz, augment=True, hyp=self.hyp, rect=self.rect, batch_size=self.rank_batch_size,
                 cache=self.cache, cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, pad=0.0,
-                prefix="train: ", single_cls=self.single_cls,
+                prefix="train: ", single_cls=self.single_cls, stride=self.stride,
             )  # fmt: skip
             # rect: whole batches of the aspect-sorted images, in order (v7.0 turns the shuffle off for --rect)
             order = rect_shard(len(ds), self.rank_batch_size, rank, world) if self.rect else None
@@ -256,7 +257,7 @@ class YOLODataModule(LightningDataModule):
             ds = YOLODataset(
                 index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch, cache=self.cache,
                 cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix=f"{self.val_split}: ",
-                single_cls=self.single_cls,
+                single_cls=self.single_cls, stride=self.stride,
             )  # fmt: skip
             self.val_sampler = ValShardSampler(len(ds), val_batch, rank, world)
             ds.set_indices(self.val_sampler.indices)

@@ -8,6 +8,8 @@ Reference: ultralytics/yolov5 v7.0 ``models/common.py`` (behaviour as described 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,21 +20,22 @@ BN_EPS = 1e-3
 BN_MOMENTUM = 0.03
 
 
-def autopad(k: int, p: int | None = None, d: int = 1) -> int:
-    """Return the 'same' padding of a square kernel.
+def autopad(k: int | Sequence[int], p: int | Sequence[int] | None = None, d: int = 1) -> int | list[int]:
+    """Return the 'same' padding of a kernel (an int, or one size per dimension).
 
     Args:
-        k: Kernel size.
+        k: Kernel size, or sizes per dimension (``(1, 3)``).
         p: Explicit padding; returned unchanged when given.
         d: Dilation.
 
     Returns:
-        ``p`` if given, else ``(d * (k - 1) + 1) // 2`` (``k // 2`` for d = 1).
+        ``p`` if given, else ``(d * (k - 1) + 1) // 2`` (``k // 2`` for d = 1), per dimension for a sequence.
     """
     if p is not None:
-        return p
-    k_eff = d * (k - 1) + 1
-    return k_eff // 2
+        return p if isinstance(p, int) else list(p)
+    if isinstance(k, int):
+        return (d * (k - 1) + 1) // 2
+    return [(d * (x - 1) + 1) // 2 for x in k]
 
 
 class Conv(nn.Module):
@@ -41,12 +44,12 @@ class Conv(nn.Module):
     Args:
         c1: Input channels.
         c2: Output channels.
-        k: Kernel size.
-        s: Stride.
+        k: Kernel size (or sizes per dimension).
+        s: Stride (or strides per dimension).
         p: Padding (``autopad`` when None).
         g: Groups.
         d: Dilation.
-        act: Use SiLU (True) or identity (False).
+        act: SiLU (True), identity (False), or the activation module to use.
 
     Attributes:
         fused_bn_act: In training, compute BN + SiLU with ``yolo5l_kernels.bn_silu``: the operators
@@ -58,12 +61,23 @@ class Conv(nn.Module):
     fused_bn_act: bool = False
 
     def __init__(
-        self, c1: int, c2: int, k: int = 1, s: int = 1, p: int | None = None, g: int = 1, d: int = 1, act: bool = True
+        self,
+        c1: int,
+        c2: int,
+        k: int | Sequence[int] = 1,
+        s: int | Sequence[int] = 1,
+        p: int | Sequence[int] | None = None,
+        g: int = 1,
+        d: int = 1,
+        act: bool | nn.Module = True,
     ) -> None:
         super().__init__()
         self.conv = nn.Conv2d(c1, c2, k, s, autopad(k, p, d), groups=g, dilation=d, bias=False)
         self.bn: nn.BatchNorm2d | None = nn.BatchNorm2d(c2, eps=BN_EPS, momentum=BN_MOMENTUM)
-        self.act = nn.SiLU(inplace=True) if act else nn.Identity()  # as YOLOv5's initialize_weights sets it
+        if isinstance(act, nn.Module):
+            self.act: nn.Module = act
+        else:  # SiLU in place, as YOLOv5's initialize_weights sets it
+            self.act = nn.SiLU(inplace=True) if act else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv(x)

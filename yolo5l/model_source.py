@@ -1,0 +1,151 @@
+"""Where a run's model comes from: the weights file, a v7.0 model yaml, or the ``model=`` preset.
+
+As v7.0's ``train.py --weights`` does, ``weights=<file>`` builds the model the file holds (architecture, depth,
+width, anchors; the Detect convolutions anew when the data has other classes), so ``model=`` only matters when
+training from scratch. A ``model=``/``model.depth=``/``model.width=``/``model.cfg=`` typed on the command line that
+asks for another architecture than the file's is refused in one line naming both; ``model.anchors=`` typed there
+replaces the file's anchors (v7.0 leaves the file's anchors out of the transfer when ``--cfg`` or a hyp's
+``anchors`` is given). ``model.cfg=path/to/model.yaml`` typed on the command line builds that yaml with its own
+``depth_multiple``, ``width_multiple`` and ``anchors`` unless those are typed too. What was built is written back
+into ``cfg.model`` (the model yaml as plain data), so the run's saved config rebuilds it for ``resume=`` without the
+weights file or the yaml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from yolo5l.errors import UserError
+
+__all__ = ["build_model", "check_stride", "command_line_overrides"]
+
+_ARCH_KEYS = ("depth", "width", "cfg")
+
+
+def command_line_overrides() -> list[str]:
+    """This run's command-line overrides (Hydra's task overrides; empty outside a Hydra run)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def _typed(overrides: Sequence[str]) -> dict[str, str]:
+    """``{key: override}`` for the ``model`` group and ``model.<key>`` overrides among ``overrides``."""
+    out: dict[str, str] = {}
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~").strip()
+        if key == "model":
+            out["model"] = o
+        elif key.startswith("model."):
+            out[key[len("model.") :]] = o
+    return out
+
+
+def _resolve_yaml(cfg: DictConfig, typed: dict[str, str]) -> None:
+    """A typed ``model.cfg=<yaml>``: the yaml as plain data in ``cfg.model.cfg``, its own multiples and anchors
+    unless typed too."""
+    from yolo5l.models.parse import BUILTIN, load_spec
+
+    value = cfg.model.get("cfg")
+    if value is None or isinstance(value, DictConfig) or str(value) in ("p5", *BUILTIN):
+        return
+    try:
+        spec = load_spec(str(value))
+    except ValueError as e:
+        raise UserError(f"model.cfg={value}: {str(e).splitlines()[0]}") from None
+    with open_dict(cfg):
+        cfg.model.cfg = spec
+        for key in ("depth", "width", "anchors"):
+            if key in cfg.model and "cfg" in typed and key not in typed:
+                cfg.model[key] = None
+
+
+def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
+    """Refuse an image size that is not a multiple of the model's largest stride; returns that stride.
+
+    Raises:
+        UserError: One line naming ``key``, the stride and the nearest sizes that work.
+    """
+    stride = max(int(model.stride.max()), 32)
+    if int(imgsz) % stride:
+        lower, upper = int(imgsz) // stride * stride, -(-int(imgsz) // stride) * stride
+        fits = f"{lower} or {upper}" if lower else str(upper)
+        raise UserError(
+            f"{key}={imgsz} is not a multiple of {stride}, the largest stride of {model.describe()}: try {fits}"
+        )
+    return stride
+
+
+def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | None = None) -> tuple[Any, Any]:
+    """Build the run's model: from ``cfg.weights`` when given, else from ``cfg.model``.
+
+    Args:
+        cfg: The training config; ``cfg.model`` gets the architecture that was built.
+        num_classes: The data's class count.
+        overrides: Command-line overrides (default: this Hydra run's, :func:`command_line_overrides`).
+
+    Returns:
+        ``(model, info)``: ``info`` is the :class:`~yolo5l.weights.LoadInfo` of the weights, None from scratch.
+
+    Raises:
+        UserError: A model yaml or weights file that cannot be built, or a typed ``model`` override that asks for
+            another architecture than the weights hold.
+    """
+    from hydra.utils import instantiate
+
+    typed = _typed(command_line_overrides() if overrides is None else overrides)
+    _resolve_yaml(cfg, typed)
+    if not cfg.get("weights"):
+        try:
+            return instantiate(cfg.model, num_classes=num_classes, _convert_="all"), None
+        except ValueError as e:
+            raise UserError(f"model: {str(e).splitlines()[0]}") from None
+        except Exception as e:  # Hydra wraps the constructor's ValueError in an InstantiationException
+            if isinstance(e.__cause__, ValueError):
+                raise UserError(f"model: {str(e.__cause__).splitlines()[0]}") from None
+            raise
+
+    from yolo5l.weights import load_weights, resolve_weights
+
+    kwargs = {k: bool(cfg.model[k]) for k in ("fused_upsample", "fused_bn_act") if k in cfg.model}
+    if "anchors" in typed and cfg.model.get("anchors") is not None:
+        kwargs["anchors"] = OmegaConf.to_container(cfg.model.anchors)
+    try:
+        model, info = load_weights(resolve_weights(str(cfg.weights)), num_classes=num_classes, **kwargs)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    asked = [typed[k] for k in ("model", *_ARCH_KEYS) if k in typed]
+    if asked:
+        _refuse_other_architecture(cfg, model, num_classes, asked)
+    with open_dict(cfg):
+        cfg.model.depth, cfg.model.width = model.depth, model.width
+        cfg.model.anchors = model.anchor_pixels().detach().cpu().reshape(model.detect.nl, -1).tolist()
+        cfg.model.cfg = model.cfg
+    return model, info
+
+
+def _refuse_other_architecture(cfg: DictConfig, model: Any, num_classes: int, asked: list[str]) -> None:
+    import torch
+    from hydra.utils import instantiate
+
+    node = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "anchors"])  # anchors: any count fits
+    try:
+        with torch.device("meta"):  # shapes only: the architecture is all that is compared
+            wanted = instantiate(node, num_classes=num_classes, _convert_="all")
+    except Exception as e:
+        wanted, why = None, str(getattr(e, "__cause__", None) or e).splitlines()[0]
+    else:
+        why = ""
+    if wanted is not None and wanted.architecture() == model.architecture():
+        return
+    what = wanted.describe() if wanted is not None else f"a model that does not build ({why})"
+    raise UserError(
+        f"weights={cfg.weights} holds {model.describe()} but {' '.join(asked)} asks for {what}: drop "
+        f"{' '.join(a.split('=', 1)[0] + '=' for a in asked)} to fine-tune the file's model, or drop weights= to "
+        "train from scratch"
+    )
