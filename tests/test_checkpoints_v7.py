@@ -245,6 +245,15 @@ def test_p6_file_gives_identical_outputs_and_loss(files):
     torch.testing.assert_close(total, ref_total, rtol=1e-4, atol=1e-5)
 
 
+def test_p6_release_names_resolve_to_the_v7_release(tmp_path, monkeypatch):
+    from yolo5l.download import weights_url
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("yolov5n6.pt", "yolov5x6.pt", "yolov5s.pt"):
+        assert weights_url(name) == f"https://github.com/ultralytics/yolov5/releases/download/v7.0/{name}"
+    assert weights_url("yolov5s7.pt") is None
+
+
 def test_p6_converts_and_every_p6_size_builds_from_its_name(files, tmp_path):
     out = tmp_path / "s6.pt"
     assert convert_main([str(files.p6), str(out)]) == 0

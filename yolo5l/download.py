@@ -60,7 +60,7 @@ __all__ = [
 
 #: ultralytics/yolov5 v7.0 release assets: the bare names `weights=` resolves when no such local file exists.
 WEIGHTS_RELEASE_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0/"
-RELEASE_WEIGHTS = tuple(f"yolov5{size}.pt" for size in "nsmlx")
+RELEASE_WEIGHTS = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")  # P5, then P6 sizes
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 _CHUNK = 1 << 20
@@ -95,8 +95,8 @@ def is_url(value: Any) -> bool:
 def weights_url(value: str | os.PathLike[str]) -> str | None:
     """Where ``weights=<value>`` is downloaded from, or None when it names a local file.
 
-    A URL is itself; a bare release name (``yolov5{n,s,m,l,x}.pt``) with no such file in the current folder is the
-    v7.0 release asset, as ultralytics' ``attempt_download`` resolves it.
+    A URL is itself; a bare release name (``yolov5{n,s,m,l,x}.pt``, or ``yolov5{n,s,m,l,x}6.pt`` for P6) with no
+    such file in the current folder is the v7.0 release asset, as ultralytics' ``attempt_download`` resolves it.
     """
     s = os.fspath(value)
     if is_url(s):
