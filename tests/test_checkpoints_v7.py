@@ -18,6 +18,7 @@ import _v7_yamls as V7
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from test_loss import oracle_loss
 from test_weights import YOLOV5S_YAML, _pickle_globals, _randomize, _ultralytics_ckpt, fake_ultralytics
 
@@ -152,7 +153,8 @@ def test_unstripped_converts_and_trains_from(files, tmp_path, capsys):
     cfg = compose_config([f"weights={files.last}", "data.imgsz=128"], output_dir=tmp_path / "run")
     model, info = build_model(cfg, num_classes=4, overrides=[f"weights={files.last}"])
     assert (model.width, info.transferred) == (0.125, 349)  # the file's model, not conf/model/yolov5s.yaml's 0.5
-    assert (cfg.model.depth, cfg.model.width, cfg.model.cfg) == (0.33, 0.125, None)
+    assert (cfg.model_built.depth, cfg.model_built.width, cfg.model_built.cfg) == (0.33, 0.125, None)
+    assert cfg.model.width == 0.5  # the config as given stays (a resumed run's command line is checked against it)
 
 
 def _raw_pickle(tmp_path, module: str, name: str) -> str:
@@ -281,14 +283,32 @@ def test_weights_build_the_p6_model_without_model_option(files, tmp_path):
     cfg, typed = _cfg(tmp_path, f"weights={files.p6}", "data.imgsz=128")
     model, info = build_model(cfg, num_classes=3, overrides=typed)
     assert (model.cfg, model.num_classes, info.transferred, info.total) == ("p6", 3, 451, 459)  # new Detect convs
-    assert cfg.model.cfg == "p6"
-    assert len(cfg.model.anchors) == 4
-    assert cfg.model.width == 0.125
-    rebuilt = YOLOv5(num_classes=3, depth=cfg.model.depth, width=cfg.model.width, anchors=cfg.model.anchors, cfg="p6")
+    built = cfg.model_built
+    assert built.cfg == "p6"
+    assert len(built.anchors) == 4
+    assert built.width == 0.125
+    rebuilt = YOLOv5(num_classes=3, depth=built.depth, width=built.width, anchors=built.anchors, cfg="p6")
     torch.testing.assert_close(rebuilt.anchors, model.anchors)  # the saved run config rebuilds it (resume)
     assert check_stride(model, 128) == 64
     with pytest.raises(UserError, match=r"data\.imgsz=160 is not a multiple of 64, the largest stride of .*try 128 or"):
         check_stride(model, 160)
+
+
+def test_resume_rebuilds_the_weights_model_without_the_file(files, tmp_path):
+    from yolo5l.config import merge_resume_config
+
+    p6 = tmp_path / "copy.pt"
+    p6.write_bytes(files.p6.read_bytes())
+    typed = [f"weights={p6}", "data.imgsz=128"]
+    cfg = compose_config(typed, output_dir=tmp_path / "run")
+    model, _ = build_model(cfg, num_classes=3, overrides=typed)
+    saved = OmegaConf.to_container(cfg)
+    p6.unlink()  # resume reads the checkpoint, never the starting weights again
+    merged = merge_resume_config(compose_config(typed, output_dir=tmp_path / "run"), saved, typed, "last.ckpt")
+    again, info = build_model(merged, num_classes=3, overrides=typed)
+    assert info is None
+    assert again.architecture() == model.architecture()
+    torch.testing.assert_close(again.anchors, model.anchors)
 
 
 def test_typed_model_that_conflicts_with_the_weights_is_one_line(files, tmp_path):

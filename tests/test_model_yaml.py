@@ -20,6 +20,7 @@ import _v7_yamls as V7
 import pytest
 import torch
 import yaml
+from omegaconf import OmegaConf
 from torch import nn
 
 from yolo5l.callbacks.ema import EMACallback
@@ -213,8 +214,8 @@ def test_typed_model_cfg_uses_the_yamls_multiples(tmp_path):
     assert info is None
     assert (model.depth, model.width, model.detect.nl, model.num_classes) == (0.33, 0.125, 4, 3)
     assert model.anchor_pixels()[0].tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]  # the yaml's `anchors: 3`
-    assert cfg.model.cfg["head"][-1][2] == "Detect"
-    assert cfg.model.depth is None
+    assert cfg.model_built.cfg["head"][-1][2] == "Detect"  # the run config rebuilds it (resume)
+    assert (cfg.model_built.depth, cfg.model.cfg) == (0.33, str(path))
     typed = [f"model.cfg={path}", "model.width=0.25"]
     cfg = compose_config(typed, output_dir=tmp_path / "run")
     assert build_model(cfg, num_classes=3, overrides=typed)[0].width == 0.25
@@ -222,6 +223,21 @@ def test_typed_model_cfg_uses_the_yamls_multiples(tmp_path):
     cfg = compose_config(typed, output_dir=tmp_path / "run")
     with pytest.raises(UserError, match=r"model\.cfg=missing\.yaml: missing\.yaml: no such model yaml"):
         build_model(cfg, num_classes=3, overrides=typed)
+
+
+def test_resumed_yaml_run_matches_its_command_line_without_the_yaml(tmp_path):
+    from yolo5l.config import merge_resume_config
+
+    path = _write(tmp_path, _small("yolov5-p2"), "p2.yaml")
+    typed = [f"model.cfg={path}", "data.imgsz=128"]
+    cfg = compose_config(typed, output_dir=tmp_path / "run")
+    model, _ = build_model(cfg, num_classes=3, overrides=typed)
+    saved = OmegaConf.to_container(cfg)
+    path.unlink()
+    merged = merge_resume_config(compose_config(typed, output_dir=tmp_path / "run"), saved, typed, "last.ckpt")
+    again, _ = build_model(merged, num_classes=3, overrides=typed)
+    assert again.architecture() == model.architecture()
+    assert again.state_dict().keys() == model.state_dict().keys()
 
 
 def test_train_build_wires_the_yaml_model_and_its_stride(tmp_path):

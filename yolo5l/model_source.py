@@ -6,9 +6,11 @@ training from scratch. A ``model=``/``model.depth=``/``model.width=``/``model.cf
 asks for another architecture than the file's is refused in one line naming both; ``model.anchors=`` typed there
 replaces the file's anchors (v7.0 leaves the file's anchors out of the transfer when ``--cfg`` or a hyp's
 ``anchors`` is given). ``model.cfg=path/to/model.yaml`` typed on the command line builds that yaml with its own
-``depth_multiple``, ``width_multiple`` and ``anchors`` unless those are typed too. What was built is written back
-into ``cfg.model`` (the model yaml as plain data), so the run's saved config rebuilds it for ``resume=`` without the
-weights file or the yaml.
+``depth_multiple``, ``width_multiple`` and ``anchors`` unless those are typed too.
+
+``cfg.model`` stays as the user gave it (so a resumed run's command line still matches it); what was built goes into
+``cfg.model_built`` (depth, width, anchors in pixels, and ``cfg``: None for P5, ``"p6"``, or the model yaml as plain
+data), which the run's saved config keeps: ``resume=`` rebuilds from it without the weights file or the yaml.
 """
 
 from __future__ import annotations
@@ -46,23 +48,25 @@ def _typed(overrides: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _resolve_yaml(cfg: DictConfig, typed: dict[str, str]) -> None:
-    """A typed ``model.cfg=<yaml>``: the yaml as plain data in ``cfg.model.cfg``, its own multiples and anchors
-    unless typed too."""
+def _yaml_kwargs(cfg: DictConfig, typed: dict[str, str]) -> dict[str, Any]:
+    """For a typed ``model.cfg=<yaml>``: the yaml as plain data, and None (the yaml's own) for the multiples and
+    anchors that were not typed too."""
     from yolo5l.models.parse import BUILTIN, load_spec
 
     value = cfg.model.get("cfg")
-    if value is None or isinstance(value, DictConfig) or str(value) in ("p5", *BUILTIN):
-        return
+    if "cfg" not in typed or value is None or not isinstance(value, str) or value in ("p5", *BUILTIN):
+        return {}
     try:
-        spec = load_spec(str(value))
+        spec = load_spec(value)
     except ValueError as e:
         raise UserError(f"model.cfg={value}: {str(e).splitlines()[0]}") from None
+    return {"cfg": spec, **{k: None for k in ("depth", "width", "anchors") if k in cfg.model and k not in typed}}
+
+
+def _record(cfg: DictConfig, model: Any) -> None:
+    anchors = model.anchor_pixels().detach().cpu().reshape(model.detect.nl, -1).tolist()
     with open_dict(cfg):
-        cfg.model.cfg = spec
-        for key in ("depth", "width", "anchors"):
-            if key in cfg.model and "cfg" in typed and key not in typed:
-                cfg.model[key] = None
+        cfg.model_built = {"depth": model.depth, "width": model.width, "anchors": anchors, "cfg": model.cfg}
 
 
 def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
@@ -82,10 +86,11 @@ def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
 
 
 def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | None = None) -> tuple[Any, Any]:
-    """Build the run's model: from ``cfg.weights`` when given, else from ``cfg.model``.
+    """Build the run's model: from ``cfg.weights`` when given, else from ``cfg.model`` (or a resumed run's
+    ``cfg.model_built``); records what was built in ``cfg.model_built``.
 
     Args:
-        cfg: The training config; ``cfg.model`` gets the architecture that was built.
+        cfg: The training config.
         num_classes: The data's class count.
         overrides: Command-line overrides (default: this Hydra run's, :func:`command_line_overrides`).
 
@@ -96,20 +101,31 @@ def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | No
         UserError: A model yaml or weights file that cannot be built, or a typed ``model`` override that asks for
             another architecture than the weights hold.
     """
+    typed = _typed(command_line_overrides() if overrides is None else overrides)
+    if not cfg.get("weights"):
+        built = cfg.get("model_built")  # a resumed run: what it trained, not what its command line asked for
+        kwargs = OmegaConf.to_container(built) if built is not None else _yaml_kwargs(cfg, typed)
+        model, info = _instantiate(cfg.model, num_classes, kwargs), None
+    else:
+        model, info = _from_weights(cfg, num_classes, typed)
+    _record(cfg, model)
+    return model, info
+
+
+def _instantiate(node: DictConfig, num_classes: int, kwargs: Any) -> Any:
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    typed = _typed(command_line_overrides() if overrides is None else overrides)
-    _resolve_yaml(cfg, typed)
-    if not cfg.get("weights"):
-        try:
-            return instantiate(cfg.model, num_classes=num_classes, _convert_="all"), None
-        except ValueError as e:
-            raise UserError(f"model: {str(e).splitlines()[0]}") from None
-        except Exception as e:  # Hydra wraps the constructor's ValueError in an InstantiationException
-            if isinstance(e.__cause__, ValueError):
-                raise UserError(f"model: {str(e.__cause__).splitlines()[0]}") from None
+    try:
+        return instantiate(node, num_classes=num_classes, _convert_="all", **kwargs)
+    except (ValueError, InstantiationException) as e:  # Hydra wraps the constructor's ValueError
+        cause = e.__cause__ if isinstance(e.__cause__, ValueError) else e
+        if not isinstance(cause, ValueError):
             raise
+        raise UserError(f"model: {str(cause).splitlines()[0]}") from None
 
+
+def _from_weights(cfg: DictConfig, num_classes: int, typed: dict[str, str]) -> tuple[Any, Any]:
     from yolo5l.weights import load_weights, resolve_weights
 
     kwargs = {k: bool(cfg.model[k]) for k in ("fused_upsample", "fused_bn_act") if k in cfg.model}
@@ -121,22 +137,20 @@ def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | No
         raise UserError(str(e).splitlines()[0]) from None
     asked = [typed[k] for k in ("model", *_ARCH_KEYS) if k in typed]
     if asked:
-        _refuse_other_architecture(cfg, model, num_classes, asked)
-    with open_dict(cfg):
-        cfg.model.depth, cfg.model.width = model.depth, model.width
-        cfg.model.anchors = model.anchor_pixels().detach().cpu().reshape(model.detect.nl, -1).tolist()
-        cfg.model.cfg = model.cfg
+        _refuse_other_architecture(cfg, model, num_classes, asked, _yaml_kwargs(cfg, typed))
     return model, info
 
 
-def _refuse_other_architecture(cfg: DictConfig, model: Any, num_classes: int, asked: list[str]) -> None:
+def _refuse_other_architecture(
+    cfg: DictConfig, model: Any, num_classes: int, asked: list[str], yaml_kwargs: dict[str, Any]
+) -> None:
     import torch
     from hydra.utils import instantiate
 
-    node = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "anchors"])  # anchors: any count fits
+    kwargs = {**yaml_kwargs, "anchors": None}  # the architecture's own anchors: any anchors fit the weights
     try:
         with torch.device("meta"):  # shapes only: the architecture is all that is compared
-            wanted = instantiate(node, num_classes=num_classes, _convert_="all")
+            wanted = instantiate(cfg.model, num_classes=num_classes, _convert_="all", **kwargs)
     except Exception as e:
         wanted, why = None, str(getattr(e, "__cause__", None) or e).splitlines()[0]
     else:

@@ -485,7 +485,7 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
     names = (ckpt.get("hyper_parameters") or {}).get("names")
     if not isinstance(run, Mapping) or not names:
         raise ValueError(f"{path}: a training checkpoint without yolo5l's run config: use the run's weights.pt")
-    model = run["model"]
+    model = run.get("model_built") or run["model"]  # what was built (yolo5l.model_source), else what was asked
     imgsz = (run.get("data") or {}).get("imgsz")
     return {
         "model_config": {
