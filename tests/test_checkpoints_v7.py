@@ -270,6 +270,34 @@ def test_p6_converts_and_every_p6_size_builds_from_its_name(files, tmp_path):
         assert built.describe() == name
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit trace/save deprecation
+def test_export_and_predict_build_the_p6_model_from_the_file(files, tmp_path):
+    from PIL import Image
+
+    from yolo5l.export import export_weights
+    from yolo5l.exported import load_exported
+    from yolo5l.predict import predict
+
+    cfg = compose_config(
+        [f"weights={files.p6}", "format=torchscript", f"output={tmp_path / 's6.torchscript'}", "device=cpu",
+         "imgsz=128"],
+        config_name="export", output_dir=tmp_path / "run_export",
+    )  # fmt: skip
+    exported, names, imgsz, stride = load_exported(export_weights(cfg))
+    assert (imgsz, stride, len(names)) == (128, 64, 80)  # stride 64 in the file's metadata
+    x = torch.rand(1, 3, 128, 128)
+    torch.testing.assert_close(exported(x), _decoded(load_ultralytics(files.p6)[0], x), rtol=1e-4, atol=1e-3)
+    Image.new("RGB", (90, 60), (90, 120, 30)).save(tmp_path / "img.png")
+    for size, ok in ((128, True), (96, False)):
+        cfg = compose_config([f"weights={files.p6}", f"source={tmp_path / 'img.png'}", f"imgsz={size}"], "predict",
+                             tmp_path / f"run_predict{size}")  # fmt: skip
+        if ok:
+            assert isinstance(predict(cfg), list)
+        else:
+            with pytest.raises(UserError, match=r"imgsz=96 is not a multiple of 64, .*: try 64 or 128"):
+                predict(cfg)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # weights= builds the file's model
 # ---------------------------------------------------------------------------------------------------------------
