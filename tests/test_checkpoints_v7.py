@@ -355,6 +355,24 @@ def test_typed_model_that_conflicts_with_the_weights_is_one_line(files, tmp_path
         build_model(cfg, num_classes=4, overrides=typed)
 
 
+@pytest.mark.slow  # a subprocess up to the data: the message itself is checked in-process above
+def test_conflict_on_the_command_line_is_one_error_line_and_no_run_folder(files, tmp_path):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.train", "experiment=smoke", f"weights={files.p6}", "model=yolov5s",
+         f"hydra.run.dir={run_dir}", f"data.synthetic.root={tmp_path / 'synthetic'}", "logger=none"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith(f"error: weights={files.p6} holds a P6 model with depth 0.33, width 0.125 but model=yolov5s")
+    assert "Traceback" not in r.stderr
+    assert not run_dir.exists()
+
+
 def test_typed_anchors_replace_the_files(files, tmp_path):
     anchors = "[[5,6,7,8,9,10],[11,12,13,14,15,16],[17,18,19,20,21,22]]"
     cfg, typed = _cfg(tmp_path, f"weights={files.last}", f"model.anchors={anchors}")
