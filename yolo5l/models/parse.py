@@ -324,8 +324,8 @@ def build_layers(
     elif isinstance(anchors, Tensor):
         na = int(anchors.reshape(anchors.shape[0], -1).shape[1]) // 2
     else:
-        first = anchors[0] if anchors and isinstance(anchors[0], list) else []
-        na = len(first) if first and isinstance(first[0], list) else len(first) // 2 or None
+        first = list(anchors[0]) if anchors and isinstance(anchors[0], (list, tuple)) else []
+        na = len(first) if first and isinstance(first[0], (list, tuple)) else len(first) // 2 or None
     act = _activation(spec["activation"], source) if "activation" in spec else None
     rows = [*spec["backbone"], *spec["head"]]
     layers: list[nn.Module] = []

@@ -323,11 +323,11 @@ class YOLOv5(nn.Module):
         for mod in self.modules():
             if isinstance(mod, Conv):
                 mod.fused_bn_act = self.fused_bn_act
-        # The strides of the built-in tables are fixed (P3/8 ... P6/64), so they are set rather than measured.
-        # YOLOv5 measures them with a forward pass of a zero image in train mode, which as a side effect leaves every
-        # BatchNorm at running_var 0.9 and num_batches_tracked 1; with momentum 0.03 that start washes out within
-        # the first ~100 iterations, long before the running statistics are first used (validation), so it is not
-        # reproduced here (a yaml's strides are measured on the meta device, see yolo5l.models.parse).
+        # The P5 table's strides are fixed (P3/8, P4/16, P5/32), so they are set; any other table's are measured on
+        # the meta device (yolo5l.models.parse). YOLOv5 measures them with a forward pass of a zero image in train
+        # mode, which as a side effect leaves every BatchNorm at running_var 0.9 and num_batches_tracked 1; with
+        # momentum 0.03 that start washes out within the first ~100 iterations, long before the running statistics
+        # are first used (validation), so it is not reproduced here.
         self.register_buffer("stride", torch.tensor(list(strides), dtype=torch.float32), persistent=False)  # (nl,)
         self._stride_max = max(int(max(strides)), 1)  # input sizes are multiples of it
 
