@@ -23,8 +23,6 @@ import os
 import pathlib
 import pickle
 import tempfile
-import warnings
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,12 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from yolo5l import ultralytics_pt as ult
 from yolo5l.archive import archive_damage
 from yolo5l.errors import UserError
-from yolo5l.models.common import Conv
-from yolo5l.models.parse import builtin_name, normalize_spec
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.safe_pickle import StandIn, UnsafeCheckpointError, restricted_pickle
+from yolo5l.safe_pickle import UnsafeCheckpointError, restricted_pickle
 
 log = logging.getLogger(__name__)
 
@@ -87,136 +84,8 @@ class LoadInfo:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reading an ultralytics checkpoint
+# Reading an ultralytics checkpoint (the pickle itself: yolo5l.ultralytics_pt)
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _check_file(path: str | os.PathLike[str]) -> str:
-    p = os.fspath(path)
-    if not os.path.isfile(p):
-        raise FileNotFoundError(f"{p}: no such file; pass the path of a yolov5 .pt file (e.g. yolov5s.pt)")
-    return p
-
-
-def _is_torchscript(path: str) -> bool:
-    # torch.load hands TorchScript archives to torch.jit.load, which runs the archive's code: refuse those first.
-    if not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as zf:
-        return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
-
-
-def _unpickle_ultralytics(path: str) -> Any:
-    if _is_torchscript(path):
-        raise ValueError(f"{path}: a TorchScript export, not a training checkpoint; use the yolov5 .pt file")
-    try:
-        with warnings.catch_warnings():
-            # The legacy format stores class sources to compare against; stand-ins have none. Not a problem.
-            warnings.filterwarnings("ignore", message="Couldn't retrieve source code for container")
-            return torch.load(path, map_location="cpu", pickle_module=restricted_pickle, weights_only=False)
-    except UnsafeCheckpointError as e:
-        raise UnsafeCheckpointError(e.module, e.name, path) from None
-    except (pickle.UnpicklingError, EOFError, RuntimeError, ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
-
-
-def _module_dict(obj: Any) -> dict[str, Any]:
-    return obj.__dict__ if isinstance(obj, StandIn) else {}
-
-
-def _collect_state_dict(obj: StandIn, prefix: str = "", out: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-    """Walk ``_parameters``/``_buffers``/``_modules`` of the stand-in tree as ``nn.Module.state_dict`` does."""
-    out = {} if out is None else out
-    d = _module_dict(obj)
-    non_persistent = d.get("_non_persistent_buffers_set") or set()
-    for k, v in (d.get("_parameters") or {}).items():
-        if isinstance(v, Tensor):
-            out[prefix + k] = v
-    for k, v in (d.get("_buffers") or {}).items():
-        if isinstance(v, Tensor) and k not in non_persistent:
-            out[prefix + k] = v
-    for k, m in (d.get("_modules") or {}).items():
-        if isinstance(m, StandIn):
-            _collect_state_dict(m, f"{prefix}{k}.", out)
-    return out
-
-
-def _find_model(ckpt: Any, path: str) -> StandIn:
-    if isinstance(ckpt, StandIn):
-        return ckpt
-    if isinstance(ckpt, Mapping):
-        if "model_config" in ckpt and "state_dict" in ckpt:
-            raise ValueError(f"{path}: a yolo5l checkpoint, not an ultralytics one; use yolo5l.weights.load_checkpoint")
-        # Like yolov5's attempt_load: the EMA weights when present (training checkpoints), else `model`.
-        for key in ("ema", "model"):
-            if isinstance(ckpt.get(key), StandIn):
-                return ckpt[key]
-        raise ValueError(
-            f"{path}: no yolov5 model in this file (keys: {sorted(map(str, ckpt))}); "
-            "expected a checkpoint written by ultralytics/yolov5 train.py (yolov5s.pt, best.pt, last.pt)"
-        )
-    raise ValueError(f"{path}: holds a {type(ckpt).__name__}, not a yolov5 checkpoint dict")
-
-
-def _layers(model: StandIn) -> list[StandIn]:
-    seq = _module_dict(model).get("_modules", {}).get("model")
-    return list((_module_dict(seq).get("_modules") or {}).values())
-
-
-def _architecture(model: StandIn, path: str) -> tuple[dict[str, Any], str | dict[str, Any] | None]:
-    """The file's model yaml (normalised) and the ``cfg`` that builds it: None (P5 table), "p6", or the yaml."""
-    found = [type(m).__name__ for m in _layers(model)]
-    if found[-1:] in (["Segment"], ["Classify"]):
-        raise ValueError(f"{path}: a yolov5 {found[-1]} model; yolo5l loads detection models (a Detect head)")
-    raw = _module_dict(model).get("yaml")
-    if not isinstance(raw, Mapping) or not {"backbone", "head"} <= set(raw):
-        raise ValueError(f"{path}: the model has no yaml with backbone and head lists; not a yolov5 v5-v7 file")
-    spec = normalize_spec(raw, f"{path}: its model yaml")
-    rows = len(spec["backbone"]) + len(spec["head"])
-    if len(found) != rows:
-        raise ValueError(f"{path}: {len(found)} layers but its model yaml lists {rows}; the file is damaged")
-    name = builtin_name(spec)
-    return spec, None if name == "p5" else name or spec
-
-
-def _check_activations(src: StandIn, model: YOLOv5, path: str) -> None:
-    """Refuse a file whose Conv activations differ from the ones its yaml builds (yolov5 v4 and older used
-    LeakyReLU/Hardswish without saying so in the yaml): the weights would load but compute something else."""
-    for name, module in model.named_modules():
-        if not isinstance(module, Conv):
-            continue
-        node: Any = src
-        for part in name.split("."):
-            node = (_module_dict(node).get("_modules") or {}).get(part)
-        theirs = (_module_dict(node).get("_modules") or {}).get("act")
-        if theirs is None:
-            continue
-        ours = type(module.act).__name__
-        if type(theirs).__name__ != ours:
-            raise ValueError(
-                f"{path}: {name} activates with {type(theirs).__name__} where the model its yaml describes has "
-                f"{ours} (a yolov5 v4-or-older file?); re-export it with yolov5 v6+"
-            )
-
-
-def _opt_imgsz(ckpt: Any) -> int | None:
-    """``opt.imgsz`` (v6-v7) or ``opt.img_size[0]`` (v5) of an ultralytics training checkpoint, when recorded."""
-    opt = ckpt.get("opt") if isinstance(ckpt, Mapping) else None
-    opt = _module_dict(opt) if isinstance(opt, StandIn) else opt
-    if not isinstance(opt, Mapping):
-        return None
-    size = opt.get("imgsz", opt.get("img_size"))
-    size = size[0] if isinstance(size, (list, tuple)) and size else size
-    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
-
-
-def _file_names(model: StandIn, nc: int) -> list[str]:
-    names = _module_dict(model).get("names")
-    if isinstance(names, Mapping):
-        names = [names[k] for k in sorted(names)]
-    if isinstance(names, (list, tuple)) and len(names) == nc:
-        return [str(n) for n in names]
-    return [str(i) for i in range(nc)]
 
 
 def _transfer(
@@ -283,13 +152,13 @@ def load_ultralytics(
         UnsafeCheckpointError: If the pickle refers to a global outside the allow-list (nothing is executed).
         ValueError: If the file is not a yolov5 detection checkpoint that yolo5l can build.
     """
-    p = _check_file(path)
-    ckpt = _unpickle_ultralytics(p)
-    src_model = _find_model(ckpt, p)
-    spec, arch = _architecture(src_model, p)
-    detect = _module_dict(_layers(src_model)[-1])
+    p = ult.check_file(path)
+    ckpt = ult.unpickle(p)
+    src_model = ult.find_model(ckpt, p)
+    spec, arch = ult.architecture(src_model, p)
+    detect = ult.module_dict(ult.layers(src_model)[-1])
     anchors = (detect.get("_buffers") or {}).get("anchors")
-    stride = detect.get("stride", _module_dict(src_model).get("stride"))
+    stride = detect.get("stride", ult.module_dict(src_model).get("stride"))
     if not isinstance(anchors, Tensor) or not isinstance(stride, Tensor) or stride.numel() != anchors.shape[0]:
         raise ValueError(f"{p}: its Detect head has no anchors buffer or no stride per level")
     file_nc = int(spec["nc"])
@@ -304,10 +173,10 @@ def load_ultralytics(
     )
     if model.detect.stride.tolist() != stride.float().tolist():
         raise ValueError(f"{p}: Detect strides {stride.tolist()} but its yaml builds {model.detect.stride.tolist()}")
-    _check_activations(src_model, model, p)
-    names = _file_names(src_model, file_nc)
-    model, info = _transfer(model, _collect_state_dict(src_model), p, names, file_nc, own_anchors)
-    info.imgsz = _opt_imgsz(ckpt) or (_P6_IMGSZ if arch == "p6" else None)
+    ult.check_activations(src_model, model, p)
+    names = ult.file_names(src_model, file_nc)
+    model, info = _transfer(model, ult.collect_state_dict(src_model), p, names, file_nc, own_anchors)
+    info.imgsz = ult.opt_imgsz(ckpt) or (_P6_IMGSZ if arch == "p6" else None)
     return _to_device(model, map_location), info
 
 
