@@ -226,6 +226,15 @@ class YOLOv5Loss(nn.Module):
         )
         return loss.to(model.anchors.device)
 
+    @torch.no_grad()
+    def set_anchors(self, anchors: Tensor) -> None:
+        """Use new anchors, (nl, na, 2) in grid units: the model's after AutoAnchor re-fitted them or a checkpoint
+        restored them."""
+        if anchors.shape != self.anchors.shape:
+            shapes = f"{tuple(anchors.shape)} for a loss of {tuple(self.anchors.shape)}"
+            raise ValueError(f"yolo5l/loss.py: new anchors of shape {shapes}")
+        self.anchors.copy_(anchors)
+
     def _candidates(self, i: int, targets: Tensor, height: int, width: int) -> _Candidates:
         """All candidate rows of level ``i`` for float32 ``targets`` (N, 6); see :class:`_Candidates`."""
         n, na = targets.shape[0], self.na

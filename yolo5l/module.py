@@ -220,6 +220,13 @@ class YOLOv5Module(pl.LightningModule):
         if not self._step_now and isinstance(self.trainer.strategy, ParallelStrategy):
             self._no_sync.enter_context(self.trainer.strategy.block_backward_sync())
 
+    def on_fit_start(self) -> None:
+        # The loss copied the model's anchors when it was built; a restored checkpoint (resume) may have replaced
+        # them since (AutoAnchor's re-fit travels in the weights): the loss follows the model.
+        anchors = getattr(self.model, "anchors", None)
+        if isinstance(anchors, Tensor) and hasattr(self.loss, "set_anchors"):
+            self.loss.set_anchors(anchors.detach())
+
     def on_train_start(self) -> None:
         if self._resumed_losses is not None:  # resumed inside an epoch (no on_train_epoch_start): its sums go on
             self._loss_sum = self._resumed_losses[0].to(self.device)
