@@ -1,0 +1,3 @@
+"""yolo5l's Hydra configs (`pkg://yolo5l.conf`); importing the package registers the resolvers they use."""
+
+import yolo5l.resolvers  # noqa: F401

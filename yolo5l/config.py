@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import yolo5l.resolvers  # noqa: F401 - the resolvers conf/ uses
 from yolo5l.errors import UserError
 
 __all__ = [

@@ -3,6 +3,7 @@
 Lightning's `CSVLogger` writes a row per logging call, so step and epoch metrics land on different rows. This one
 merges every value logged during an epoch into that epoch's row (the last value wins), and always writes the
 columns people look for first: losses, precision, recall, mAP@0.5, mAP@0.5:0.95, images/s and the data-wait share.
+Beside it, the same rows in YOLOv5's `results.csv` layout, for scripts written against YOLOv5's run folders.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ CORE_COLUMNS = (
     "train/data_wait",
 )
 
+#: YOLOv5's results.csv columns after `epoch`, in its order, with the metrics.csv column each one shows
+#: (ultralytics/yolov5 v7.0 `utils/loggers/__init__.py::Loggers`, its `keys`).
+RESULTS_COLUMNS = (
+    ("train/box_loss", "train/loss_box"), ("train/obj_loss", "train/loss_obj"), ("train/cls_loss", "train/loss_cls"),
+    ("metrics/precision", "val/precision"), ("metrics/recall", "val/recall"), ("metrics/mAP_0.5", "val/map_50"),
+    ("metrics/mAP_0.5:0.95", "val/map"), ("val/box_loss", "val/loss_box"), ("val/obj_loss", "val/loss_obj"),
+    ("val/cls_loss", "val/loss_cls"), ("x/lr0", "train/lr0"), ("x/lr1", "train/lr1"), ("x/lr2", "train/lr2"),
+)  # fmt: skip
+
 
 class EpochCSVLogger(Logger):
     """Per-epoch metrics table at `<save_dir>/<filename>`, rewritten atomically whenever a value changes.
@@ -40,15 +50,23 @@ class EpochCSVLogger(Logger):
     logger sees are kept, and rows from that epoch on are replaced, so a fresh run in a reused folder starts clean
     and a resumed one loses no earlier row.
 
+    `results_filename` (YOLOv5's `results.csv`) gets the same epochs in YOLOv5's columns and format (names and
+    values right-aligned in 20 characters, values to 5 significant digits); an epoch without validation repeats the
+    last validation's metrics (zeros before the first), as YOLOv5's file does.
+
     Args:
         save_dir: Folder of the CSV file (the run folder).
         filename: Name of the CSV file.
+        results_filename: Name of the YOLOv5-layout file beside it; None writes none.
     """
 
-    def __init__(self, save_dir: str | os.PathLike, filename: str = "metrics.csv") -> None:
+    def __init__(
+        self, save_dir: str | os.PathLike, filename: str = "metrics.csv", results_filename: str | None = None
+    ) -> None:
         super().__init__()
         self._save_dir = str(save_dir)
         self.path = Path(save_dir) / filename
+        self.results_path = Path(save_dir) / results_filename if results_filename else None
         self.rows: dict[int, dict[str, float]] = {}
         #: Every value logged for each key, in order (the sweep summary takes medians from it).
         self.history: dict[str, list[float]] = {}
@@ -120,6 +138,8 @@ class EpochCSVLogger(Logger):
             for epoch in sorted(self.rows):
                 writer.writerow({k: _fmt(v) for k, v in self.rows[epoch].items()})
         os.replace(tmp, self.path)  # readers never see a half-written table
+        if self.results_path is not None:
+            write_results_csv(self.rows, self.results_path)
         self._dirty = False
 
     @override
@@ -130,6 +150,26 @@ class EpochCSVLogger(Logger):
 
 def _fmt(value: float | str) -> str | int:
     return value if isinstance(value, int | str) else f"{value:.6g}"
+
+
+def write_results_csv(rows: Mapping[int, Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """Write per-epoch rows (metrics.csv's keys) as YOLOv5's results.csv, atomically; returns the path."""
+    path = Path(path)
+    names = ["epoch", *(name for name, _ in RESULTS_COLUMNS)]
+    lines = [",".join(f"{n:>20s}" for n in names)]
+    last: dict[str, float] = {}
+    for epoch in sorted(rows):
+        row = rows[epoch]
+        values = [float(epoch)]
+        for _, key in RESULTS_COLUMNS:
+            if key in row and row[key] != "":
+                last[key] = float(row[key])
+            values.append(last.get(key, 0.0))
+        lines.append(",".join(f"{v:>20.5g}" for v in values))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def read_metrics_csv(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -44,6 +44,7 @@ from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.errors import UserError
+from yolo5l.final_val import validate_best
 from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
 from yolo5l.tracking import finish_run, instantiate_entries
@@ -76,6 +77,8 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     model, loaded = build_model(cfg, datamodule.num_classes)  # cfg.model gets what was built (resume rebuilds it)
     if loaded is not None:
         info(f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights} ({model.describe()})")
+    elif cfg.data.get("file") and not cfg.get("resume"):
+        info(_from_scratch_line())
     datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # 64 for P6: rectangular batches use it
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
     if frozen:
@@ -97,6 +100,18 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     loggers = _instantiate_all(cfg.get("logger"))
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all", **policy)
     return datamodule, module, trainer
+
+
+def _from_scratch_line() -> str:
+    """The note for a run on a dataset of one's own without `weights=` (YOLOv5's train.py fine-tunes yolov5s.pt by
+    default)."""
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    choice = str(hc.runtime.choices.get("model", "")) if hc is not None else ""
+    name = choice if choice.startswith("yolov5") else "yolov5s"
+    return (
+        f"training from scratch (no weights=); to fine-tune the COCO-pretrained {name} as YOLOv5's train.py does "
+        f"by default, add weights={name}.pt"
+    )
 
 
 def tune_batch_size(trainer: Any, module: Any, datamodule: Any, tune: DictConfig) -> int:
@@ -135,6 +150,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+    validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's
     unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
     if trainer.is_global_zero:
         _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)

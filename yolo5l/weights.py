@@ -355,7 +355,7 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
     if not isinstance(run, Mapping) or not names:
         raise ValueError(f"{path}: a training checkpoint without yolo5l's run config: use the run's weights.pt")
     model = run.get("model_built") or run["model"]  # what was built (yolo5l.model_source), else what was asked
-    imgsz = (run.get("data") or {}).get("imgsz")
+    imgsz = _resolved_imgsz(run)
     return {
         "model_config": {
             "depth": model.get("depth"), "width": model.get("width"), "num_classes": len(names),
@@ -365,6 +365,23 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
         "names": list(names),
         "imgsz": imgsz if isinstance(imgsz, int) else None,
     }  # fmt: skip
+
+
+def _resolved_imgsz(run: Mapping[str, Any]) -> Any:
+    """`data.imgsz` of a run's saved (unresolved) config: a number, or an interpolation of its data node such as
+    the synthetic preset's `${if_file:...}`; None when it cannot be resolved here."""
+    from omegaconf import OmegaConf
+
+    import yolo5l.resolvers  # noqa: F401 - the resolvers conf/ uses
+
+    data = run.get("data") or {}
+    imgsz = data.get("imgsz")
+    if isinstance(imgsz, str):
+        try:
+            imgsz = OmegaConf.create({"data": dict(data)}).data.imgsz
+        except Exception:  # an interpolation reaching outside the data node: the caller's default applies
+            return None
+    return imgsz
 
 
 def load_weights(

@@ -1,9 +1,10 @@
-"""`BatchPlotter`: the first training batches, drawn with their boxes, as TensorBoard images, MLflow artifacts and
-W&B media (YOLOv5's train_batch0..2.jpg)."""
+"""`BatchPlotter`: the first training batches, drawn with their boxes, as `train_batch0..2.jpg` in the run folder
+(YOLOv5's files), TensorBoard images, MLflow artifacts and W&B media."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import cv2
@@ -72,17 +73,23 @@ def write_jpeg(experiment: Any, tag: str, rgb: np.ndarray, step: int, quality: i
 
 
 class BatchPlotter(Callback):
-    """Write the first `num_batches` training batches with their boxes to the TensorBoard, MLflow and W&B loggers,
-    once, on rank 0.
+    """Draw the first `num_batches` training batches with their boxes, once, on rank 0: as `train_batch{i}.jpg` in
+    `out_dir` (a fresh run only: a resumed run keeps its start's files) and to the TensorBoard, MLflow and W&B loggers.
 
     Args:
         num_batches: how many of the first batches to draw.
         max_images: images per batch drawn.
+        plots: write the files (the root `plots` of train.yaml); the loggers get the images either way.
+        out_dir: folder of the files; None: the trainer's `default_root_dir` (the run folder).
     """
 
-    def __init__(self, num_batches: int = 3, max_images: int = 16) -> None:
+    def __init__(
+        self, num_batches: int = 3, max_images: int = 16, plots: bool = True, out_dir: str | None = None
+    ) -> None:
         self.num_batches = int(num_batches)
         self.max_images = int(max_images)
+        self.plots = bool(plots)
+        self.out_dir = out_dir
         self.done = 0
 
     @override
@@ -97,11 +104,16 @@ class BatchPlotter(Callback):
         experiments = (getattr(lg, "experiment", None) for lg in trainer.loggers)
         tensorboards = [e for e in experiments if hasattr(e, "add_image")]
         trackers = [lg for lg in trainer.loggers if type(lg).__name__ in EXTRAS]
-        if not tensorboards and not trackers:
-            self.done = self.num_batches  # no logger that shows images: nothing to draw into
+        files = self.plots and trainer.ckpt_path is None
+        if not tensorboards and not trackers and not files:
+            self.done = self.num_batches  # nowhere to draw into
             return
         names = list(getattr(pl_module, "names", []) or [])
         grid = draw_batch(batch[0], batch[1], names, self.max_images)
+        if files:
+            from yolo5l.plots import save_rgb
+
+            save_rgb(grid, Path(self.out_dir or trainer.default_root_dir) / f"train_batch{self.done}.jpg")
         for experiment in tensorboards:
             write_jpeg(experiment, f"train/batch{self.done}", grid, trainer.global_step)
         for logger in trackers:

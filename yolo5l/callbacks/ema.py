@@ -32,7 +32,7 @@ class EMACallback(Callback):
       statistics, and their EMA, drift apart; before the EMA is used (each validation, the end of training) rank
       0's EMA buffers are broadcast to all ranks (one small collective), as YOLOv5 keeps the EMA on rank 0 only.
     - Validation runs on the EMA weights (swapped in and back out); at the end of training the EMA weights become
-      the model's.
+      the model's, and a validation after that (the final validation of best.pt) runs on the module's weights.
     - Checkpoints (the `WeightAveraging` layout): `state_dict` holds the EMA weights, so any loader that reads only
       `state_dict` gets the EMA model; `current_model_state` holds the raw weights; `updates` is in the callback
       state. Resuming restores both exactly.
@@ -64,6 +64,7 @@ class EMACallback(Callback):
         self._ema_buffers: list[Tensor] = []  # EMA copies of the buffers (BN running stats): rank-dependent
         self._last_step = -1
         self._swapped = False
+        self._applied = False  # on_train_end copied the EMA into the model: later validations use the model as is
 
     def decay_at(self, updates: int) -> float:
         """The decay used by the `updates`-th update (1-based), as a Python float."""
@@ -104,6 +105,7 @@ class EMACallback(Callback):
     # ---- hooks ------------------------------------------------------------------------------------------------
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._applied = False
         self._build(pl_module)  # after the strategy moved the model to its device (and after any checkpoint restore)
 
     @override
@@ -178,6 +180,8 @@ class EMACallback(Callback):
 
     @override
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._applied:
+            return
         if not self._ema and self._pending is not None:
             self._build(pl_module)  # trainer.validate(ckpt_path=...) with this callback: evaluate the EMA weights
         if self._ema and not self._swapped:
@@ -196,6 +200,7 @@ class EMACallback(Callback):
             with torch.no_grad():
                 for e, m in zip(self._ema, self._model, strict=True):
                     m.copy_(e)
+            self._applied = True
 
     @override
     def on_save_checkpoint(
