@@ -67,6 +67,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch import seed_everything
     from lightning.pytorch.callbacks import ProgressBar
 
+    from yolo5l.amp_check import check_amp
     from yolo5l.hardware import precision_reason, trainer_policy, tune_host_memory
     from yolo5l.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
@@ -88,6 +89,9 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     policy = trainer_policy(cfg.trainer)
     if str(cfg.trainer.precision) == "auto":
         info(f"precision auto -> {policy['precision']} ({precision_reason(str(cfg.trainer.accelerator))})")
+    policy["precision"], amp_line = check_amp(model, policy["precision"], str(cfg.trainer.accelerator))
+    if amp_line:
+        info(amp_line)
     callbacks = _instantiate_all(cfg.get("callbacks"))
     if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress-bar callback then
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
