@@ -189,3 +189,18 @@ def test_bench_predict_measures_both_sides_at_tiny_settings(tmp_path):
     assert report["ratio"] == pytest.approx(report["yolo5l_img_s"] / report["reference_img_s"])
     assert len(list((tmp_path / "work" / "yolo5l" / "run").glob("*.jpg"))) == 3  # both drew every image
     assert len(list((tmp_path / "work" / "ref" / "run").glob("*.jpg"))) == 3
+
+
+def test_bench_autoanchor_checks_both_label_sets_and_names_a_broken_reference(tmp_path):
+    r = _script("bench_autoanchor.py", "--images", "200")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("thin boxes (")
+    assert "-> 1.000" in lines[0]  # the thin bars get anchors that fit them
+    assert lines[1].startswith("log-normal boxes (")
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    r = _script("bench_autoanchor.py", "--images", "50", "--reference", str(broken))
+    assert r.returncode != 0
+    assert "yolov5==7.0.14" in r.stderr
