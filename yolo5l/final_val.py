@@ -21,8 +21,10 @@ def validate_best(trainer: Any, module: Any, datamodule: Any) -> dict[str, float
 
     Every rank calls it (the validation is a collective); global rank 0 reads best.pt and broadcasts its weights,
     which replace the module's (training is over; weights.pt was written before). The loggers are off for it: the
-    per-epoch tables keep one row per epoch. Nothing runs when the run had no best.pt (no `LastCheckpoint`, or no
-    validation), when its last validation was the best one (its table and plots stand), or after an interrupted fit.
+    per-epoch tables keep one row per epoch, and the table and plots go to files only (TensorBoard keeps the last
+    validation's images; its writer is closed once fit ends). Nothing runs when the run had no best.pt (no
+    `LastCheckpoint`, or no validation), when its last validation was the best one (its table and plots stand), or
+    after an interrupted fit.
 
     Args:
         trainer: The trainer that ran the fit.

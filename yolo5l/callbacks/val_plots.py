@@ -66,7 +66,6 @@ class ValidationPlots(Callback):
         #: Files written by the last `write` (name -> path), for an entry point's output listing.
         self.files: dict[str, Path] = {}
         self._batches: dict[int, tuple[Any, ...]] = {}
-        self._tensorboards: list[Any] = []  # the run's, for a validation after fit with the loggers off
 
     # ---- collecting ------------------------------------------------------------------------------------------------
     @override
@@ -75,8 +74,6 @@ class ValidationPlots(Callback):
         names = getattr(pl_module, "names", None)
         if self.plots and names and hasattr(metric, "set_num_classes"):
             metric.set_num_classes(len(names))  # type: ignore[union-attr]
-        if stage == "fit":
-            self._tensorboards = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
     @override
     def on_validation_batch_end(
@@ -127,7 +124,6 @@ class ValidationPlots(Callback):
         out = Path(self.out_dir or trainer.default_root_dir)
         names = list(getattr(pl_module, "names", []) or [])
         tensorboards = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        tensorboards = tensorboards or self._tensorboards
         step = trainer.global_step
         if self.print_table:
             print("\n" + format_per_class_table(self.results, names), flush=True)
