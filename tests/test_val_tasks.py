@@ -177,6 +177,25 @@ def test_study_rows_equal_val_at_each_size(setup, augment, sizes):
     assert row[6] > 0
 
 
+def test_study_and_speed_of_a_p6_model_use_its_stride(setup):
+    """A P6 model's rectangular batches and study sizes are multiples of 64, its largest stride."""
+    from yolo5l.models.yolo import YOLOv5
+    from yolo5l.weights import save_weights
+
+    torch.manual_seed(0)
+    p6 = setup["tmp"] / "p6.pt"
+    save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125, cfg="p6"), p6, imgsz=128)
+    run = setup["tmp"] / "study_p6"
+    cfg = compose_config([f"weights={p6}", f"data.file={setup['with_test']}", *COMMON, "task=study",
+                          "study_sizes=[128]"], "val", run)  # fmt: skip
+    validate_weights(cfg)
+    assert [int(r.split(",")[0]) for r in (run / "study.csv").read_text().splitlines()[1:]] == [128]
+    cfg = compose_config([f"weights={p6}", f"data.file={setup['with_test']}", *COMMON, "task=study",
+                          "study_sizes=[64,96]"], "val", setup["tmp"] / "study_p6_bad")  # fmt: skip
+    with pytest.raises(UserError, match=r"study_sizes=\[64, 96\]: each must be a multiple of the model's stride 64"):
+        validate_weights(cfg)
+
+
 def test_bad_study_sizes_and_augment_of_an_exported_file(setup):
     with pytest.raises(UserError, match=r"study_sizes=\[64, 100\] must be a list of image sizes"):
         val(setup, "bad_sizes", "task=study", "study_sizes=[64,100]")

@@ -245,31 +245,35 @@ def _autocast(cfg: DictConfig) -> torch.dtype | None:
     return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
 
 
-def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tensor], Tensor], int | None, bool]:
+def load_detector(
+    cfg: DictConfig, device: torch.device
+) -> tuple[Callable[[Tensor], Tensor], int | None, bool, int]:
     """The detector of `cfg.weights` on `device`: a fused eval copy of .pt weights (with `TTADetector` when
-    `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported)."""
+    `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported,
+    the model's largest stride: 64 for P6, which rectangular batches and image sizes must be multiples of)."""
     from yolo5l.exported import is_exported, load_exported
     from yolo5l.weights import load_weights, resolve_weights
 
     if is_exported(str(cfg.weights)):
-        model, _, imgsz, _ = load_exported(str(cfg.weights), device)
-        return model, imgsz, True
+        model, _, imgsz, stride = load_exported(str(cfg.weights), device)
+        return model, imgsz, True, int(stride)
     try:
         net, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     net = net.fuse().eval().requires_grad_(False).to(device)
+    stride = int(net.stride.max())
     if cfg.module.get("channels_last"):
         net = net.to(memory_format=torch.channels_last)
     if cfg.augment:
         from yolo5l.tta import TTADetector
 
-        return TTADetector(net), loaded.imgsz, False
+        return TTADetector(net), loaded.imgsz, False, stride
 
     def detector(images: Tensor) -> Tensor:
         return net.decode(net(images))
 
-    return detector, loaded.imgsz, False
+    return detector, loaded.imgsz, False, stride
 
 
 def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None], None]) -> dict[str, float]:
@@ -280,7 +284,7 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
     from yolo5l.hardware import uses_cuda
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
-    detector, file_imgsz, exported = load_detector(cfg, device)
+    detector, file_imgsz, exported, stride = load_detector(cfg, device)
     if cfg.data.get("imgsz") is None:
         set_imgsz(cfg, file_imgsz)
     autocast = None if exported else _autocast(cfg)
@@ -291,6 +295,7 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
         results = []
         for batch in dict.fromkeys((1, int(cfg.data.val_batch_size))):
             datamodule = instantiate(cfg.data, val_split="val", val_batch_size=batch, _convert_="all")
+            datamodule.stride = stride
             datamodule.setup("validate")
             datamodule.val_dataset.rect = False  # square images, as v7.0 times them
             times = StageTimes(device)
@@ -308,8 +313,11 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
         print_outputs("Outputs:", {"speed": relpath(write_speed(results, out / "speed.json"))})
         return {}
     rows, metrics = [], {}
+    if any(int(size) % stride for size in cfg.study_sizes):
+        raise UserError(f"study_sizes={list(cfg.study_sizes)}: each must be a multiple of the model's stride {stride}")
     for size in cfg.study_sizes:
         datamodule = instantiate(cfg.data, val_split="val", imgsz=int(size), _convert_="all")
+        datamodule.stride = stride
         times = StageTimes(device)
         metrics = validation_loop(
             detector, datamodule, device, float(m.conf_thres), float(m.iou_thres), int(m.max_det),
