@@ -6,9 +6,18 @@ The public API is imported lazily so that `import yolo5l` stays cheap (start-up 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+#: The dependencies' own network calls, switched off before any of them is imported (every entry point and
+#: `import yolo5l` pass here first; DataLoader workers and DDP ranks inherit the environment): albumentations'
+#: version check at import, MLflow's usage telemetry. A value the user set is kept. yolo5l itself downloads only what
+#: a command names (a dataset preset or `download:` list, release weights, a URL).
+OFFLINE_ENV = {"NO_ALBUMENTATIONS_UPDATE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+for _key, _value in OFFLINE_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 _EXPORTS = {
     "YOLOv5": "yolo5l.models.yolo",
