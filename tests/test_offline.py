@@ -32,7 +32,7 @@ def _attempts(log: Path) -> list[str]:
 def test_the_blocker_sees_an_attempt(tmp_path):
     """The check below could fail: a lookup of a remote name is refused and recorded."""
     log = tmp_path / "net.log"
-    code = "import urllib.request\ntry:\n    urllib.request.urlopen('http://example.com', timeout=2)\nexcept OSError:\n    pass"
+    code = "import urllib.request as u\ntry:\n    u.urlopen('http://example.com', timeout=2)\nexcept OSError:\n    pass"
     subprocess.run([sys.executable, "-c", code], env=_env(log), check=True, timeout=60)
     assert any("example.com" in line for line in _attempts(log))
 
