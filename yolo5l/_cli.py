@@ -116,16 +116,25 @@ def _is_command_line() -> bool:
     return str(getattr(getattr(top, "main", None), "__module__", "")).startswith("yolo5l.")
 
 
-def run_entry_point(hydra_main: Callable[[], Any]) -> None:
-    """What `main()` of train, val, predict and export does: collector paused for start-up, config groups checked
-    before Hydra composes, the Hydra app run; then, on the command line, `exit_without_heap_walk` with the status the
-    command ended with (0, a one-line error's 2, a preempted run's 128 + signal, Hydra's 1 for an error it reported).
+def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = None) -> None:
+    """What `main()` of train, val, predict and export does: collector paused for start-up, config groups and
+    overrides checked before Hydra composes (`yolo5l.overrides`), the Hydra app run; then, on the command line,
+    `exit_without_heap_walk` with the status the command ended with (0, a one-line error's 2, a preempted run's
+    128 + signal, Hydra's 1 for an error it reported).
+
+    Args:
+        hydra_main: The `@hydra.main` function.
+        config_name: Its config (`train`, `val`, ...); default: the last part of its module's name.
     """
     pause_gc()
     command_line = _is_command_line()
     try:
         try:
             check_group_choices(sys.argv[1:])
+            if is_rank_zero():  # DDP re-launches the command per rank with what rank 0 checked
+                from yolo5l.overrides import check_overrides
+
+                check_overrides(sys.argv[1:], config_name or hydra_main.__module__.rsplit(".", 1)[-1])
         except UserError as e:
             fail(str(e))
         hydra_main()

@@ -15,13 +15,33 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from yolo5l.errors import EXIT_USAGE
 from yolo5l.weights import UnsafeCheckpointError, load_weights, save_weights
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage mistake as one `error: ...` line (exit code 2) naming the closest option."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        unrecognized = message.startswith("unrecognized arguments:")
+        unknown = [a for a in message.removeprefix("unrecognized arguments:").split() if a.startswith("-")]
+        close = difflib.get_close_matches(unknown[0].split("=", 1)[0], options, n=1) if unrecognized and unknown else []
+        hint = (
+            f"; did you mean {close[0]}?"
+            if close
+            else f"; usage: {self.format_usage().strip().removeprefix('usage: ')}"
+        )
+        print(f"error: {message}{hint}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USAGE)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="python -m yolo5l.convert",
         description="Convert an ultralytics/yolov5 v6-v7 .pt file (GitHub or PyPI yolov5 layout), or a yolo5l "
         "last.ckpt / best.ckpt, into a yolo5l weights file (safe to load).",
@@ -48,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         other entry points.
     """
     args = _parser().parse_args(argv)
+    keyed = next((a for a in (args.source, args.output) if "=" in a and not os.path.exists(a)), None)
+    if keyed is not None:
+        print(f"error: {keyed}: convert takes two paths, not key=value: python -m yolo5l.convert SOURCE OUTPUT",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     if args.num_classes is not None and args.num_classes < 1:
         print(f"error: --num-classes must be >= 1, got {args.num_classes}", file=sys.stderr)
         return EXIT_USAGE

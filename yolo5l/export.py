@@ -265,7 +265,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.export`, `yolo5l-export`)."""
-    run_entry_point(_hydra_main)
+    run_entry_point(_hydra_main, "export")
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.predict`, `yolo5l-predict`)."""
-    run_entry_point(_hydra_main)
+    run_entry_point(_hydra_main, "predict")
 
 
 if __name__ == "__main__":

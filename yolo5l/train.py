@@ -206,7 +206,7 @@ def main() -> None:
         sys.argv[1:] = hyp_file_argv(resume_in_place(sys.argv[1:]))
     except UserError as e:
         fail(str(e))
-    run_entry_point(_hydra_main)
+    run_entry_point(_hydra_main, "train")
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.val`, `yolo5l-val`)."""
-    run_entry_point(_hydra_main)
+    run_entry_point(_hydra_main, "val")
 
 
 if __name__ == "__main__":

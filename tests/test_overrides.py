@@ -1,0 +1,117 @@
+"""Every override mistake is one line naming the fix: unknown keys get the closest valid key, a `+key` the target
+does not take is refused before anything is built, an argparse-style option gets its override (yolo5l.overrides)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from yolo5l.errors import UserError
+from yolo5l.overrides import check_overrides, closest_key
+
+TYPOS = [
+    # the issue's own
+    ("train", ["data.imgsiz=256"], "unknown key data.imgsiz; did you mean data.imgsz?"),
+    ("train", ["+data.imgsiz=256"], "YOLODataModule (data) takes no argument 'imgsiz'; did you mean data.imgsz?"),
+    # a handful more
+    ("train", ["trainer.max_epoch=3"], "did you mean trainer.max_epochs?"),
+    ("train", ["imgsz=320"], "unknown key imgsz; did you mean data.imgsz?"),
+    ("train", ["data.batchsize=8"], "did you mean data.batch_size?"),
+    ("train", ["trainer.device=2"], "did you mean trainer.devices?"),
+    ("train", ["weigths=a.pt"], "did you mean weights?"),
+    ("train", ["data.cach=ram"], "did you mean data.cache?"),
+    ("train", ["hydra.run.dri=runs/x"], "did you mean hydra.run.dir?"),
+    ("train", ["~callbacks.emma"], "did you mean callbacks.ema?"),
+    ("train", ["+trainer.profilr=simple"], "Trainer (trainer) takes no argument 'profilr'; did you mean trainer.prof"),
+    ("train", ["+hyp.lr00=0.1"], "nothing in python -m yolo5l.train reads hyp.lr00; did you mean hyp.lr0?"),
+    ("train", ["+data.imgsz=320"], "data.imgsz is already a key: drop the +"),
+    ("train", ["module.optimizer=adamw"], "pick the option with module/optimizer="),
+    ("train", ["--epochs", "3"], "unknown option --epochs: yolo5l takes key=value overrides; write trainer.max_"),
+    ("train", ["data.imgsz"], "cannot read the override 'data.imgsz': write key=value"),
+    ("train", ["-m", "model=yolov5n,yolov5s", "data.imgsiz=128,256"], "did you mean data.imgsz?"),
+    ("val", ["weights=w.pt", "imgsz=320"], "did you mean data.imgsz?"),
+    ("val", ["weights=w.pt", "model=yolov5n"], "python -m yolo5l.val has no model group"),
+    ("predict", ["weights=w.pt", "source=a.jpg", "conf=0.5"], "did you mean conf_thres?"),
+    ("predict", ["weights=w.pt", "source=a.jpg", "+half=true"], "nothing in python -m yolo5l.predict reads half"),
+    ("predict", ["--conf-thres", "0.5"], "write conf_thres=X"),
+    ("export", ["weights=w.pt", "fromat=onnx"], "did you mean format?"),
+    ("export", ["weights=w.pt", "include=onnx"], "write format=onnx|torchscript"),
+]  # fmt: skip
+
+VALID = [
+    ("train", ["experiment=smoke", "data.imgsz=64", "trainer.max_epochs=1", "callbacks.val_interval.n=2"]),
+    ("train", ["+trainer.profiler=simple", "~callbacks.batch_plotter", "+logger.tensorboard.log_graph=false"]),
+    ("train", ["logger=mlflow", "+logger.mlflow.tags.team=vision", "+callbacks.mine={_target_: a.B}"]),
+    ("train", ["-m", "model=yolov5n,yolov5s", "data.batch_size=8,16", "hydra.sweep.dir=runs/s"]),
+    ("train", ["-m", "hparams_search=evolve", "hydra.sweeper.n_trials=3", "+hydra.job.env_set.A=1"]),
+    ("val", ["weights=w.pt", "data=coco128", "data.imgsz=640", "module/metric=coco"]),
+    ("predict", ["weights=w.pt", "source=[a.jpg,b.jpg]", "conf_thres=0.5"]),
+    ("export", ["weights=w.pt", "format=torchscript", "imgsz=320"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("entry", "argv", "needle"), TYPOS)
+def test_each_typo_is_one_sentence_with_the_fix(entry, argv, needle):
+    with pytest.raises(UserError) as e:
+        check_overrides(argv, entry)
+    message = str(e.value)
+    assert needle in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(("entry", "argv"), VALID)
+def test_valid_command_lines_pass(entry, argv):
+    check_overrides(argv, entry)
+
+
+def test_closest_key_prefers_siblings_then_the_same_leaf():
+    tree = {"data": {"imgsz": 1, "cache": "none"}, "trainer": {"max_epochs": 1}, "predict": {"imgsz": 2}}
+    assert closest_key(tree, "data.imgsiz") == "data.imgsz"
+    assert closest_key(tree, "trainer.imgsz") == "data.imgsz"  # the same leaf elsewhere, shallowest first
+    assert closest_key(tree, "max_epochs") == "trainer.max_epochs"
+    assert closest_key(tree, "nothing.like.it") is None
+
+
+ENTRY_MISTAKES = [
+    ("train", ["data.imgsiz=256"], "did you mean data.imgsz?"),
+    ("train", ["+data.imgsiz=256"], "takes no argument 'imgsiz'; did you mean data.imgsz?"),
+    ("val", ["weights={w}", "data.imgsiz=256"], "did you mean data.imgsz?"),
+    ("predict", ["weights={w}", "source=a.jpg", "iou=0.5"], "did you mean iou_thres?"),
+    ("export", ["weights={w}", "--include", "onnx"], "write format=onnx|torchscript"),
+]
+
+
+@pytest.mark.parametrize(("entry", "args", "needle"), ENTRY_MISTAKES)
+def test_entry_points_print_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, args, needle):
+    w = tmp_path / "w.pt"
+    w.write_bytes(b"not read: the overrides are checked first")
+    run_dir = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", f"yolo5l.{entry}", f"hydra.run.dir={run_dir}", *(a.format(w=w) for a in args)],
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0]
+    assert not run_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.pt"]  # nothing else written either
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["a.pt", "b.pt", "--numclasses", "3"], "did you mean --num-classes?"),
+     (["weights=a.pt", "b.pt"], "convert takes two paths, not key=value"),
+     (["a.pt"], "required: output; usage: python -m yolo5l.convert")],
+)  # fmt: skip
+def test_convert_usage_mistakes_are_one_line(tmp_path, args, needle):
+    r = subprocess.run([sys.executable, "-m", "yolo5l.convert", *args], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0]

@@ -1,0 +1,323 @@
+"""Command-line overrides checked before Hydra composes, so that every mistake is one line naming the fix.
+
+Hydra refuses an unknown key with a multi-line report, and takes `+key=value` for any key, which then fails deep in
+the constructor it reaches (or is silently ignored). `check_overrides` composes the config with the command line's
+group choices (`model=yolov5n`) and walks the other overrides in order:
+
+- `key=value` and `~key` need a key the config has: `unknown key data.imgsiz: did you mean data.imgsz?`;
+- `+key=value` needs a key the config does not have yet, taken by the `_target_` it lands in (a constructor
+  argument, or `**kwargs`), or a new entry with its own `_target_` (`+callbacks.mine={_target_: ...}`);
+- `--epochs 3` and other options that are not Hydra's get the override that does it (`trainer.max_epochs=3`).
+
+Raises `UserError`; the entry points print it as `error: ...` and exit with code 2 before a run folder exists.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Iterator, Sequence
+from importlib.resources import files
+from typing import Any
+
+from yolo5l.errors import UserError
+
+__all__ = ["check_overrides", "closest_key"]
+
+#: ultralytics/yolov5 v7.0 options (train.py, val.py, detect.py, export.py) and the overrides that do the same here.
+V7_OPTIONS = {
+    "train": {
+        "--epochs": "trainer.max_epochs=N", "--img": "data.imgsz=N", "--imgsz": "data.imgsz=N",
+        "--img-size": "data.imgsz=N", "--batch-size": "data.batch_size=N", "--batch": "data.batch_size=N",
+        "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--cfg": "model=yolov5s",
+        "--hyp": "hyp=scratch-low", "--device": "trainer.devices=N (trainer.accelerator=cpu)",
+        "--workers": "data.num_workers=N", "--cache": "data.cache=ram", "--resume": "resume=true",
+        "--freeze": "freeze=N", "--seed": "seed=N", "--optimizer": "module/optimizer=adamw",
+        "--cos-lr": "module/scheduler=cosine", "--patience": "callbacks.early_stopping.patience=N",
+        "--project": "hydra.run.dir=runs/train/name", "--name": "hydra.run.dir=runs/train/name",
+        "--noval": "callbacks.val_interval.n=N", "--evolve": "hparams_search=evolve (with -m)",
+    },
+    "val": {
+        "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--img": "data.imgsz=N",
+        "--imgsz": "data.imgsz=N", "--batch-size": "data.val_batch_size=N", "--conf-thres": "module.conf_thres=X",
+        "--iou-thres": "module.iou_thres=X", "--device": "trainer.accelerator=cpu|gpu",
+    },
+    "predict": {
+        "--source": "source=path", "--weights": "weights=path.pt", "--img": "imgsz=N", "--imgsz": "imgsz=N",
+        "--conf-thres": "conf_thres=X", "--iou-thres": "iou_thres=X", "--max-det": "max_det=N",
+        "--device": "device=cpu|cuda", "--nosave": "save_images=false", "--save-txt": "save_txt=true",
+    },
+    "export": {
+        "--weights": "weights=path.pt", "--include": "format=onnx|torchscript", "--img": "imgsz=N",
+        "--imgsz": "imgsz=N", "--batch-size": "batch=N", "--dynamic": "dynamic=true", "--half": "half=true",
+        "--simplify": "simplify=true", "--opset": "opset=N", "--device": "device=cpu|cuda",
+    },
+}  # fmt: skip
+
+
+def check_overrides(argv: Sequence[str], config_name: str) -> None:
+    """Check a Hydra command line (`sys.argv[1:]`) of the entry point composing `conf/<config_name>.yaml`.
+
+    Raises:
+        UserError: One sentence: the override, what is wrong, and the closest valid key or option.
+    """
+    if any(a in ("-sc", "--shell-completion") or a.startswith("--shell-completion") for a in argv):
+        return
+    args, overrides = _overrides_of(argv, config_name)
+    if not overrides or args.config_dir or args.config_path:
+        return  # nothing to check, or configs of the user's own that this composition would not see
+    config_name = args.config_name or config_name
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as e:
+        raise UserError(_parse_problem(overrides, e)) from None
+    groups = [o for o in parsed if _is_group(o.key_or_group)]
+    values = [o for o in parsed if not _is_group(o.key_or_group)]
+    tree = _compose(config_name, [c for c in map(_first_choice, groups) if c is not None])
+    for o in values:
+        _check_value_override(tree, o, config_name)
+
+
+# ---- the command line ------------------------------------------------------------------------------------------------
+def _overrides_of(argv: Sequence[str], config_name: str) -> tuple[Any, list[str]]:
+    """Hydra's parsed options and the overrides of `argv`; an option Hydra does not know is a `UserError` naming
+    what to write instead."""
+    from hydra._internal.utils import get_args_parser
+
+    args, unknown = get_args_parser().parse_known_args(list(argv))
+    for item in unknown:
+        if item.startswith("-"):
+            option = item.split("=", 1)[0]
+            instead = V7_OPTIONS.get(config_name, {}).get(option)
+            hint = f"write {instead}" if instead else f"see python -m yolo5l.{config_name} --help"
+            raise UserError(f"unknown option {option}: yolo5l takes key=value overrides; {hint}")
+    return args, [str(o) for o in args.overrides or []]
+
+
+def _parse_problem(overrides: Sequence[str], error: Exception) -> str:
+    bad = next((o for o in overrides if "=" not in o and not o.lstrip().startswith("~")), None)
+    if bad is not None:
+        return f"cannot read the override {bad!r}: write key=value (e.g. {bad.lstrip('+')}=...)"
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"cannot read the overrides: {first} (quote values with spaces or commas: 'key=\"a, b\"')"
+
+
+def _is_group(key: str) -> bool:
+    """Whether `key` picks a config group's option (`model`, `module/optimizer`, `hydra/launcher`, `db@pkg`)."""
+    if "/" in key or "@" in key:
+        return True
+    return files("yolo5l.conf").joinpath(key).is_dir()
+
+
+def _first_choice(o: Any) -> str | None:
+    """The override as Hydra's compose takes it: a sweep (`model=yolov5n,yolov5s`) reduced to its first option;
+    None for a sweep without a list of options (an interval)."""
+    prefix = "~" if o.is_delete() else "++" if o.is_force_add() else "+" if o.is_add() else ""
+    key = o.key_or_group + (f"@{o.package}" if o.package else "")
+    if o.is_delete() and o.value() is None:
+        return f"{prefix}{key}"
+    if not o.is_sweep_override():
+        return f"{prefix}{key}={o.get_value_element_as_str()}"
+    try:
+        return f"{prefix}{key}={next(iter(o.sweep_string_iterator()))}"
+    except Exception:  # an interval, or another sweep without a list of options
+        return None
+
+
+def _compose(config_name: str, group_overrides: list[str]) -> dict[str, Any]:
+    """The config with the group choices applied, `hydra` node included, as plain containers (not resolved)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from yolo5l.config import CONFIG_MODULE
+
+    with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
+        try:
+            cfg = compose(config_name=config_name, overrides=group_overrides, return_hydra_config=True)
+        except HydraException as e:
+            base = compose(config_name=config_name, overrides=[], return_hydra_config=True)
+            raise UserError(_group_problem(config_name, group_overrides, base, e)) from None
+    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+def _group_problem(config_name: str, group_overrides: Sequence[str], base: Any, error: Exception) -> str:
+    choices = {k for k, v in base.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+    for override in group_overrides:
+        if override.startswith(("+", "~")):
+            continue
+        group = override.split("=", 1)[0].split("@", 1)[0]
+        if not group.startswith("hydra/") and group not in choices:
+            return (
+                f"{override}: python -m yolo5l.{config_name} has no {group} group (its groups: "
+                f"{', '.join(sorted(choices))})"
+            )
+    return str(error).strip().splitlines()[0]
+
+
+# ---- one override ----------------------------------------------------------------------------------------------------
+_ABSENT = object()
+
+
+def _lookup(tree: Any, parts: Sequence[str]) -> Any:
+    node = tree
+    for part in parts:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.lstrip("-").isdigit() and -len(node) <= int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _ABSENT
+    return node
+
+
+def _assign(tree: dict[str, Any], parts: Sequence[str], value: Any, delete: bool = False) -> None:
+    node: Any = tree
+    for part in parts[:-1]:
+        if isinstance(node, dict):
+            node = node.setdefault(part, {})
+        elif isinstance(node, list) and part.lstrip("-").isdigit():
+            node = node[int(part)]
+        else:
+            return
+    leaf = parts[-1]
+    if isinstance(node, dict):
+        if delete:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    elif isinstance(node, list) and leaf.lstrip("-").isdigit() and not delete:
+        node[int(leaf)] = value
+
+
+def _check_value_override(tree: dict[str, Any], o: Any, config_name: str) -> None:
+    key: str = o.key_or_group
+    parts = key.split(".")
+    current = _lookup(tree, parts)
+    shown = o.input_line.strip()
+    if o.is_delete():
+        if current is _ABSENT:
+            raise UserError(f"{shown}: {_unknown(tree, key, config_name)}")
+        _assign(tree, parts, None, delete=True)
+        return
+    if o.is_add() and not o.is_force_add() and current is not _ABSENT:
+        raise UserError(f"{shown}: {key} is already a key: drop the + ({key}=...)")
+    if current is _ABSENT:
+        if not (o.is_add() or o.is_force_add()):
+            raise UserError(f"{shown}: {_unknown(tree, key, config_name)}")
+        if not key.startswith("hydra."):
+            _check_new_key(tree, key, _value(o), shown, config_name)
+    elif isinstance(current, dict) and isinstance(_value(o), str):
+        group = key.replace(".", "/")
+        if files("yolo5l.conf").joinpath(group).is_dir():
+            raise UserError(f"{shown} would replace the whole {key} node with a string: pick the option with {group}=")
+    if not o.is_sweep_override():
+        _assign(tree, parts, _value(o))
+
+
+def _value(o: Any) -> Any:
+    if o.is_sweep_override():
+        return None
+    try:
+        return o.value()
+    except Exception:  # a value only Hydra's resolvers read
+        return o.get_value_element_as_str()
+
+
+def _check_new_key(tree: dict[str, Any], key: str, value: Any, shown: str, config_name: str) -> None:
+    """A `+key` must be an argument of the `_target_` it lands in, or a new entry that names its own `_target_`."""
+    parts = key.split(".")
+    if isinstance(value, dict) and "_target_" in value:
+        return  # a new callback / logger entry: instantiated as it says
+    owner, depth = None, 0
+    for i in range(len(parts) - 1, -1, -1):
+        node = _lookup(tree, parts[:i])
+        if isinstance(node, dict) and "_target_" in node:
+            owner, depth = node, i
+            break
+        if node is not _ABSENT and not isinstance(node, dict):
+            return  # inside a list or a value: what reads it decides
+    if owner is None:
+        raise UserError(f"{shown}: {_unknown(tree, key, config_name, adding=True)}")
+    argument = parts[depth]
+    if argument in owner:
+        return  # inside an argument's value (`+logger.mlflow.tags.team=x`)
+    params = _parameters(str(owner["_target_"]))
+    if params is None or argument in params:
+        return
+    where = ".".join(parts[:depth]) or "the config"
+    known = sorted({*params, *(k for k in owner if not k.startswith("_"))})
+    close = difflib.get_close_matches(argument, known, n=1, cutoff=0.6)
+    hint = f"did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else f"it takes: {', '.join(known)}"
+    target = str(owner["_target_"]).rsplit(".", 1)[-1]
+    raise UserError(f"{shown}: {target} ({where}) takes no argument {argument!r}; {hint}")
+
+
+def _parameters(target: str) -> set[str] | None:
+    """The keyword arguments `target` takes, or None when it takes any (`**kwargs`) or cannot be inspected."""
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+        signature = inspect.signature(obj)
+    except Exception:  # an extra that is not installed, a builtin without a signature: the constructor decides
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+# ---- suggestions -----------------------------------------------------------------------------------------------------
+def _keys(tree: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if str(k).startswith("_") and str(k).endswith("_"):
+                continue  # _target_, _partial_: Hydra's, not settings
+            full = f"{prefix}.{k}" if prefix else str(k)
+            yield full
+            yield from _keys(v, full)
+
+
+def closest_key(tree: dict[str, Any], key: str) -> str | None:
+    """The key of `tree` a mistyped `key` most likely meant: a close leaf among its siblings, the same leaf under
+    another node, or the closest dotted key."""
+    parts = key.split(".")
+    parent = _lookup(tree, parts[:-1])
+    if isinstance(parent, dict):
+        siblings = [str(k) for k in parent if not str(k).startswith("_")]
+        close = difflib.get_close_matches(parts[-1], siblings, n=1, cutoff=0.6)
+        close = close or [k for k in siblings if k.startswith(f"{parts[-1]}_")][:1]  # conf -> conf_thres
+        if close:
+            return ".".join([*parts[:-1], close[0]])
+    hydra_key = key.startswith("hydra.")
+    every = [k for k in _keys(tree) if k.startswith("hydra.") == hydra_key]
+    same_leaf = [k for k in every if k.rsplit(".", 1)[-1] == parts[-1] and k != key]
+    if same_leaf:
+        return min(same_leaf, key=lambda k: (k.count("."), k))
+    close = difflib.get_close_matches(key, every, n=1, cutoff=0.7)
+    if close:
+        return close[0]
+    leaves = {k.rsplit(".", 1)[-1]: k for k in sorted(every, key=lambda k: -k.count("."))}
+    close = difflib.get_close_matches(parts[-1], list(leaves), n=1, cutoff=0.8)
+    return leaves[close[0]] if close else None
+
+
+def _unknown(tree: dict[str, Any], key: str, config_name: str, adding: bool = False) -> str:
+    what = f"nothing in python -m yolo5l.{config_name} reads {key}" if adding else f"unknown key {key}"
+    close = closest_key(tree, key)
+    if close is not None:
+        return f"{what}; did you mean {close}?"
+    v7 = V7_OPTIONS.get(config_name, {}).get("--" + key.replace("_", "-"))
+    if v7 is not None:  # ultralytics' option names as keys (include=onnx)
+        return f"{what}; write {v7}"
+    parts = key.split(".")
+    parent = _lookup(tree, parts[:-1])
+    if isinstance(parent, dict) and parts[:-1]:
+        keys = [str(k) for k in parent if not str(k).startswith("_")]
+        return f"{what}; {'.'.join(parts[:-1])} has: {', '.join(keys)}"
+    top = [k for k in tree if k != "hydra"]
+    return f"{what}; the top-level keys are: {', '.join(top)}"
