@@ -8,6 +8,12 @@ import torch
 
 # Tests run on 2 CPU cores: keep torch from oversubscribing them.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# yolo5l's user cache (label-scan logs and locks, read-only fallbacks) in a folder of this session, not in the home of
+# whoever runs the tests; subprocesses inherit it.
+if "YOLO5L_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["YOLO5L_CACHE_DIR"] = tempfile.mkdtemp(prefix="yolo5l-test-cache-")
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ import yolo5l.data.label_scan as scan_mod
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.images import ImageReadError, read_image
 from yolo5l.data.label_scan import scan_labels
-from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path
+from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path, user_cache_dir
 
 RNG = np.random.default_rng(0)
 
@@ -310,12 +310,14 @@ def test_scan_reports_every_bad_input(tmp_path):
     assert idx.shapes[kept["good"]].tolist() == [40, 60]
     assert r.found == len(idx) - r.backgrounds
 
-    # summary line and the log file beside the cache
+    # summary line and the log file in the user cache (nothing but the cache beside the labels)
     assert r.summary("train") == (
         f"train: {len(idx)} images, 6 backgrounds (2 empty label files), {len(CORRUPT)} corrupt skipped, "
         f"2 duplicate rows removed, 3 labels repaired, 4 converted to 8-bit RGB (see {r.log_path})"
     )
-    assert r.log_path == tmp_path / "labels" / "train.cache.log"
+    assert r.log_path == scan_mod._log_path(tmp_path / "labels" / "train.cache")
+    assert r.log_path.parent == user_cache_dir("labels")
+    assert sorted(p.name for p in (tmp_path / "labels").parent.iterdir() if p.suffix in (".log", ".lock")) == []
     log = r.log_path.read_text()
     assert log.splitlines()[0] == r.summary("train").split(" (see ")[0]
     assert str(f["truncated"]) in log
@@ -380,8 +382,7 @@ def test_cache_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         scan_labels(imgs, 2, cache)
     assert cache.read_bytes() == before  # the old cache is untouched, no half-written file
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "labels", "labels.cache", "labels.cache.lock",
-                                                          "labels.cache.log"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["images", "labels", "labels.cache"]  # no lock, no log
     monkeypatch.undo()
     assert scan_labels(imgs, 2, cache).labels[0][0, 0] == 1  # stale cache detected and rebuilt
     # a corrupt cache file is rebuilt too
@@ -450,7 +451,7 @@ def test_empty_and_all_corrupt_splits_raise(tmp_path):
     bad = tmp_path / "images" / "bad.jpg"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"nope")
-    with pytest.raises(DatasetError, match=r"train: all 1 images are corrupt .*bad\.jpg.*x\.cache\.log"):
+    with pytest.raises(DatasetError, match=r"train: all 1 images are corrupt .*bad\.jpg.*x-[0-9a-f]+\.cache\.log"):
         scan_labels([bad], 2, tmp_path / "x.cache")
 
 

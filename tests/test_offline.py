@@ -59,6 +59,10 @@ def test_train_and_val_make_no_network_attempt(tmp_path):
     r = subprocess.run(train, env=_env(log), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _attempts(log) == []
+    # Nothing in the folder the command ran in but what it was told to write: no ./mlruns of MLflow's.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.log", "run", "runs", "synthetic"]
+    if logger:
+        assert (tmp_path / "runs" / "mlruns").is_dir()  # the MLflow run's artifacts, beside its store
     weights = run / "checkpoints" / "weights.pt"
     assert weights.is_file()
     val = [sys.executable, "-m", "yolo5l.val", f"weights={weights}", f"hydra.run.dir={tmp_path / 'val'}",

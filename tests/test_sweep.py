@@ -40,6 +40,7 @@ def test_concurrent_jobs_all_recorded(tmp_path):
     assert jobs_in_order == list(range(8, 0, -1))  # fastest first
     assert "Common overrides: `common=1`" in md
     assert "`data.batch_size=8` | 80.0 | 10.0% | 0.5000 | 0.3000 | 1.0 | finished |" in md
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv", "summary.md"]  # no lock left behind
 
 
 def test_rerun_replaces_row_and_nan_sorts_last(tmp_path):

@@ -159,6 +159,9 @@ _NOISE = (
     "is not supported by the model summary",
     "is smaller than the logging interval",
     "isinstance(treespec, LeafSpec)` is deprecated",
+    "GPU available: ",  # the start-up block names the devices the run uses (yolo5l.run_info)
+    "TPU available: ",
+    "HPU available: ",
 )
 
 
@@ -188,7 +191,8 @@ def one_console_line_per_log() -> None:
 
 
 def guarded(fn: _F) -> _F:
-    """Turn `UserError` (and a missing file) raised by `fn` into a one-line message and exit code 2.
+    """Run `fn` (a command's Hydra task) with its console copied into the run folder's log (`yolo5l.console.run_log`,
+    rank 0 only), and turn `UserError` (and a missing file) raised by it into a one-line message and exit code 2.
 
     A run folder that Hydra created for the failed command and that holds nothing but Hydra's own files (`.hydra/`,
     the job log) is removed, so mistakes leave no empty runs behind.
@@ -196,15 +200,20 @@ def guarded(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from yolo5l.console import run_log
+
         try:
-            return fn(*args, **kwargs)
-        except UserError as e:
+            with run_log() if is_rank_zero() else contextlib.nullcontext():
+                try:
+                    return fn(*args, **kwargs)
+                except UserError as e:
+                    fail(str(e))
+                except FileNotFoundError as e:
+                    name = f" {e.filename!r}" if e.filename else ""
+                    fail(f"file not found{name}: {e.strerror or e}" if e.filename else str(e))
+        except SystemExit:
             _remove_empty_run_folder()
-            fail(str(e))
-        except FileNotFoundError as e:
-            _remove_empty_run_folder()
-            name = f" {e.filename!r}" if e.filename else ""
-            fail(f"file not found{name}: {e.strerror or e}" if e.filename else str(e))
+            raise
 
     return wrapper  # type: ignore[return-value]
 

@@ -237,9 +237,13 @@ class YOLOv5Module(pl.LightningModule):
         extended = extend_schedule(self.lr_schedulers(), self.current_epoch, self.trainer.max_epochs)
         if extended is not None:
             now, end = extended
+            schedule = (
+                f"the learning rate stays at lr0 x {end:.4g}, where the schedule ended"
+                if abs(now - end) <= 1e-9 * max(1.0, abs(end))
+                else f"the learning rate goes linearly from lr0 x {now:.4g} to lr0 x {end:.4g}"
+            )
             rank_zero_info(
-                f"extending the run to {self.trainer.max_epochs} epochs: from epoch {self.current_epoch} the learning "
-                f"rate goes linearly from lr0 x {now:.4g} to lr0 x {end:.4g}"
+                f"extending the run to {self.trainer.max_epochs} epochs: from epoch {self.current_epoch} {schedule}"
             )
 
     def on_train_epoch_start(self) -> None:

@@ -93,7 +93,8 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
             if problem is not None:
                 _warn(f"logger={name}: MLflow tracking URI {uri} cannot be reached ({problem}); going on without it")
                 continue
-        obj = instantiate(entry, _convert_="all")
+        extra = _mlflow_artifacts(entry, node) if kind == "MLFlowLogger" else {}
+        obj = instantiate(entry, _convert_="all", **extra)
         if kind == "WandbLogger" and is_rank_zero():
             problem = _start_wandb(obj)
             if problem is not None:
@@ -127,6 +128,23 @@ def flat_config(cfg: DictConfig) -> dict[str, Any]:
 
     walk("", tree)
     return flat
+
+
+#: MLflow stores in a database: their runs' artifacts go to ./mlruns of the current folder unless told otherwise.
+_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def _mlflow_artifacts(entry: DictConfig, node: DictConfig | None) -> dict[str, str]:
+    """`artifact_location` for a new experiment in a database store when the config leaves it null: the runs
+    folder's `mlruns/` (`<paths.runs_dir>/mlruns`), not MLflow's `./mlruns` in whatever folder the command ran in.
+    A server (http:, databricks) and a file store keep their own places."""
+    if entry.get("artifact_location") is not None:
+        return {}
+    scheme = _mlflow_uri(entry).split(":", 1)[0].split("+", 1)[0].lower()
+    runs_dir = OmegaConf.select(node._get_root(), "paths.runs_dir", default=None) if node is not None else None
+    if scheme not in _DATABASE_SCHEMES or runs_dir is None:
+        return {}
+    return {"artifact_location": (Path(str(runs_dir)).absolute() / "mlruns").as_uri()}
 
 
 def _mlflow_uri(entry: DictConfig) -> str:

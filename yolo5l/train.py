@@ -41,12 +41,15 @@ from yolo5l._cli import (
     unfreeze_start_up,
 )
 from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
+from yolo5l.callbacks.epoch_line import EpochLine
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.errors import UserError
 from yolo5l.final_val import validate_best
+from yolo5l.hardware import uses_cuda
 from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
+from yolo5l.run_info import cpu_oversubscription, print_block, training_rows
 from yolo5l.tracking import finish_run, instantiate_entries
 
 
@@ -68,7 +71,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch.callbacks import ProgressBar
 
     from yolo5l.amp_check import check_amp
-    from yolo5l.hardware import precision_reason, trainer_policy, tune_host_memory
+    from yolo5l.hardware import trainer_policy, tune_host_memory
     from yolo5l.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
 
@@ -86,9 +89,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         info(f"froze {len(frozen)} parameter tensors (freeze={cfg.freeze})")
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
 
-    policy = trainer_policy(cfg.trainer)
-    if str(cfg.trainer.precision) == "auto":
-        info(f"precision auto -> {policy['precision']} ({precision_reason(str(cfg.trainer.accelerator))})")
+    policy = trainer_policy(cfg.trainer)  # what `auto` means here: the start-up block says it (yolo5l.run_info)
     policy["precision"], amp_line = check_amp(model, policy["precision"], str(cfg.trainer.accelerator))
     if amp_line:
         info(amp_line)
@@ -142,9 +143,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
         cfg = resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
     else:  # a resumed run's config holds its hyp file's values already
         cfg = apply_hyp_file(cfg, list(hc.overrides.task), output_dir)
-    check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
+    world = check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
+    crowded = cpu_oversubscription(
+        world // int(cfg.trainer.get("num_nodes") or 1), not uses_cuda(cfg.trainer.accelerator)
+    )
+    if crowded:
+        info(f"warning: {crowded}")
 
     datamodule, module, trainer = build(cfg)
+    if trainer.is_global_zero:
+        print_block(f"Training in {relpath(output_dir)}:", training_rows(cfg, datamodule, module, trainer, hc))
     resume_gc()  # set-up is built (the command line paused the collector for it); batch-size search makes cycles
     if int(cfg.data.batch_size) == -1:
         with open_dict(cfg):
@@ -176,7 +184,7 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
     summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
     rows = {"best": summary.best, "last": summary.last} if summary is not None and summary.last else {}
     print_outputs(
-        f"Training done in {wall:.1f} s, {trainer.current_epoch} epoch(s). Outputs:",
+        f"Training done in {wall:.1f} s, {_epochs_done(trainer)}. Outputs:",
         {
             **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
             "run folder": relpath(output_dir),
@@ -189,6 +197,20 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
     )
     if sweep_dir is not None:
         print_outputs("Sweep summary:", {"table": relpath(sweep_dir / "summary.md")})
+
+
+def _epochs_done(trainer: Any) -> str:
+    """`3 epochs`, or for a resumed or extended run `1 epoch (epoch 3), 4 in all`: the epochs this command trained
+    (numbered from 0, as the epoch lines)."""
+    line = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLine)), None)
+    if line is None or line.first_epoch is None:
+        return f"{trainer.current_epoch} epoch(s)"
+    n, first = line.epochs_run, line.first_epoch
+    text = f"{n} epoch{'s' if n != 1 else ''}"
+    if first > 0:
+        which = f"epoch {first}" if n == 1 else f"epochs {first}-{first + n - 1}"
+        text += f" ({which}), {first + n} in all" if n else f", {first} in all"
+    return text
 
 
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="train")

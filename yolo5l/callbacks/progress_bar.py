@@ -1,14 +1,21 @@
-"""`YOLOProgressBar`: Lightning's TQDM bar with the epoch's running box / obj / cls losses, read at refresh only."""
+"""The progress display: Lightning's TQDM bar with the running losses on a terminal, nothing drawn otherwise.
+
+`console_progress` (the `callbacks.progress_bar` node) picks by where stdout goes: on a terminal `YOLOProgressBar`,
+elsewhere (a file, a pipe, a batch system's log) `NoBar`, which draws nothing, so that a log holds no bar redraws or
+escape codes; `EpochLine` (yolo5l/callbacks/epoch_line.py) prints the one line per epoch either way.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from typing_extensions import override
 
-__all__ = ["YOLOProgressBar"]
+__all__ = ["STYLES", "NoBar", "YOLOProgressBar", "console_progress"]
+
+STYLES = ("auto", "bar", "none")
 
 
 class YOLOProgressBar(TQDMProgressBar):
@@ -33,3 +40,46 @@ class YOLOProgressBar(TQDMProgressBar):
         if callable(running) and trainer.training:
             items.update({name: f"{value:.4g}" for name, value in running().items()})
         return items
+
+
+class NoBar(ProgressBar):
+    """A progress bar that draws nothing: where stdout is not a terminal, the epoch lines are the progress.
+
+    Lightning adds its own TQDM bar to a Trainer with `enable_progress_bar=True` and no progress-bar callback; this
+    one takes that place.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._enabled = True
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    @override
+    def disable(self) -> None:
+        self._enabled = False
+
+    @override
+    def enable(self) -> None:
+        self._enabled = True
+
+
+def console_progress(refresh_rate: int = 10, style: str = "auto") -> ProgressBar:
+    """The progress-bar callback for where stdout goes.
+
+    Args:
+        refresh_rate: batches between redraws of the bar.
+        style: `auto` (a bar on a terminal, none elsewhere), `bar` or `none`.
+
+    Raises:
+        ValueError: An unknown style.
+    """
+    from yolo5l.console import is_terminal
+
+    if style not in STYLES:
+        raise ValueError(f"callbacks.progress_bar.style={style!r} is not one of: {', '.join(STYLES)}")
+    if style == "bar" or (style == "auto" and is_terminal()):
+        return YOLOProgressBar(refresh_rate=refresh_rate)
+    return NoBar()

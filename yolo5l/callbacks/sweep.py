@@ -134,16 +134,26 @@ def _last(values: Sequence[float] | None) -> float:
 
 def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any], rank_by: str = "throughput") -> None:
     """Append `row` to `<sweep_dir>/summary.csv` and re-render `summary.md` (jobs ordered by `rank_by`), holding
-    `summary.lock`."""
+    the summary's lock."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     csv_path = sweep_dir / "summary.csv"
-    with FileLock(str(sweep_dir / "summary.lock")):
+    with _summary_lock(sweep_dir):
         rows = read_summary(csv_path) if csv_path.exists() else []
         rows = [r for r in rows if str(r["job"]) != str(row["job"])]  # a re-run job replaces its row
         rows.append({k: row.get(k, "") for k in COLUMNS})
         _atomic_write(csv_path, _render_csv(rows))
         _atomic_write(sweep_dir / "summary.md", render_markdown(rows, rank_by))
+
+
+def _summary_lock(sweep_dir: Path) -> Any:
+    """The lock of the sweep's summary (`.summary.lock`), removed by its holder: the sweep folder keeps the jobs and
+    the tables only. flock where there is one (`yolo5l.download.file_lock`), else the `filelock` package's lock,
+    which removes its file on Windows."""
+    from yolo5l.download import fcntl, file_lock
+
+    path = sweep_dir / ".summary.lock"
+    return file_lock(path, "the sweep summary") if fcntl is not None else FileLock(str(path))
 
 
 def read_summary(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -38,7 +38,7 @@ class ThroughputMonitor(Callback):
 
     Args:
         warn_above: data-wait share above which a hint is printed.
-        verbose: print a one-line summary every epoch on rank 0.
+        verbose: print a one-line summary every epoch on rank 0 (off in conf/: `EpochLine` prints the figures).
     """
 
     def __init__(self, warn_above: float = 0.10, verbose: bool = True) -> None:
@@ -82,7 +82,7 @@ class ThroughputMonitor(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = max(self._t_end - self._t0, 1e-9)  # up to the last training batch: validation is not counted
         ips, share = self._images / total, self._wait / total
-        self.last = {"images_per_sec": ips, "data_wait": share}
+        self.last = {"images_per_sec": ips, "data_wait": share, "epoch": trainer.current_epoch}
         pl_module.log("train/images_per_sec", ips, rank_zero_only=True)
         pl_module.log("train/data_wait", share, rank_zero_only=True)
         if self.verbose:

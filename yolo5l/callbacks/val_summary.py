@@ -28,9 +28,13 @@ class ValidationSummary(Callback):
 
     The values are the ones the module logged (already gathered over ranks); reading them costs one host sync per
     validation, not per step.
+
+    Args:
+        verbose: print the line (off in conf/: `EpochLine` prints the epoch's validation on its line).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, verbose: bool = True) -> None:
+        self.verbose = verbose
         self.last: dict[str, Any] | None = None
         self.best: dict[str, Any] | None = None
 
@@ -48,7 +52,8 @@ class ValidationSummary(Callback):
         if self.best is None or row["val/fitness"] >= self.best["val/fitness"]:
             self.best = row
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        rank_zero_info(f"epoch {trainer.current_epoch}{epochs} val: {format_row(row)}")
+        if self.verbose:
+            rank_zero_info(f"epoch {trainer.current_epoch}{epochs} val: {format_row(row)}")
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo5l.data.label_check import CORRUPT, EMPTY, MISSING, OK, Verified, empty_labels, verify_image_label
-from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, user_cache_dir
+from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, probe_write, user_cache_dir
 
 __all__ = ["CACHE_VERSION", "MAX_SCAN_THREADS", "LabelIndex", "ScanReport", "scan_labels"]
 
@@ -146,9 +146,11 @@ def _fallback_cache_path(cache_path: Path) -> Path:
     return user_cache_dir("labels") / f"{cache_path.stem}-{key}{cache_path.suffix}"
 
 
-def _sidecar(cache_path: Path, suffix: str) -> Path:
-    """``<cache>.lock`` or ``<cache>.log`` beside the cache file."""
-    return cache_path.with_name(cache_path.name + suffix)
+def _log_path(cache_path: Path) -> Path:
+    """Where the per-file messages of a scan go: the user cache (``<stem>-<key>.cache.log``), not beside the
+    user's labels, where v7.0 writes nothing but the cache itself."""
+    fallback = _fallback_cache_path(cache_path)
+    return fallback.with_name(fallback.name + ".log")
 
 
 def _load_cache(path: Path, expect_hash: str) -> LabelIndex | None:
@@ -202,28 +204,27 @@ def _save_cache_or_warn(path: Path, index: LabelIndex, files_hash: str, split: s
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (POSIX flock) so that one process per machine builds a cache; no-op elsewhere."""
+def _scan_lock(cache_path: Path, split: str) -> Iterator[None]:
+    """An exclusive lock (POSIX flock, `yolo5l.download.file_lock`) so that one process per machine builds a cache
+    while the others (DDP ranks, sweep jobs) wait and then read it. The lock file lives in the user cache and is
+    removed by its holder; without a writable user cache (or flock) there is no lock, and the atomic cache write
+    keeps concurrent builders correct."""
+    from yolo5l.download import file_lock
+
+    folder = user_cache_dir("locks")
     try:
-        import fcntl
-    except ImportError:  # Windows: the DataModule builds the cache on rank 0 before the others read it
+        probe_write(folder)
+    except OSError:
         yield
         return
-    try:
-        f = open(path, "a")  # noqa: SIM115 - closed by the with below (a failed open is handled apart)
-    except OSError:  # a full disk can refuse even an empty lock file: no lock, and the cache write fails too
+    key = hashlib.md5(str(cache_path.absolute()).encode()).hexdigest()[:16]
+    with file_lock(folder / f"labels-{key}.lock", f"{split}: the label scan into {cache_path}"):
         yield
-        return
-    with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _write_log(log_path: Path, report: ScanReport, split: str) -> Path | None:
     try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = log_path.with_name(log_path.name + f".{os.getpid()}.tmp")
         tmp.write_text(report.summary(split) + "\n" + "".join(m + "\n" for m in report.messages))
         os.replace(tmp, log_path)
@@ -286,9 +287,10 @@ def scan_labels(
 
     The cache is rebuilt when the hash of the image and label paths, sizes and mtimes, the class count, or
     :data:`CACHE_VERSION` differ. It is written atomically into ``cache_path``'s folder, or, if that folder
-    is read-only, into :func:`~yolo5l.data.layout.user_cache_dir` ``("labels")``. An flock on ``<cache>.lock``
+    is read-only, into :func:`~yolo5l.data.layout.user_cache_dir` ``("labels")``. A lock in the user cache
     lets one process per machine build it while concurrent callers (DDP ranks, sweep jobs) wait and then read
-    it. The per-file messages go to ``<cache>.log``. The bad-input policy is in :mod:`yolo5l.data.label_check`.
+    it. The per-file messages go to a ``.cache.log`` in the user cache (``report.log_path``); nothing but the
+    cache is written beside the labels. The bad-input policy is in :mod:`yolo5l.data.label_check`.
 
     Args:
         image_files: The split's image files.
@@ -319,19 +321,20 @@ def scan_labels(
         target = cache_path if dir_writable(cache_path.parent) else fallback
         with contextlib.suppress(OSError):  # a full disk: the cache is not written (a warning says so)
             target.parent.mkdir(parents=True, exist_ok=True)
-        with _file_lock(_sidecar(target, ".lock")):
+        with _scan_lock(target, split):
             index = _load_cache(target, files_hash)  # another process may have built it while we waited
             if index is None:
                 t0 = time.perf_counter()
                 index = _build(im_files, num_classes, workers or _default_workers())
                 index.report.messages.sort()
                 _save_cache_or_warn(target, index, files_hash, split)
-                _write_log(_sidecar(target, ".log"), index.report, split)
+                with contextlib.suppress(OSError):  # the last scan's messages, if any, no longer apply
+                    _log_path(cache_path).unlink()
                 _log.info("%s: scanned %d images in %.2f s", split, len(im_files), time.perf_counter() - t0)
-    log_path = _sidecar(target, ".log")
+    log_path = _log_path(cache_path)
     if index.report.messages and not log_path.exists():
         _write_log(log_path, index.report, split)
-    index.report.log_path = log_path if log_path.exists() else None
+    index.report.log_path = log_path if index.report.messages and log_path.exists() else None
     if not index.im_files:
         raise DatasetError(
             f"{split}: all {index.report.total} images are corrupt (first: {index.report.messages[:1]}); "
@@ -339,6 +342,6 @@ def scan_labels(
         )
     if index.report.corrupt or index.report.duplicates or index.report.repaired:
         _log.warning(index.report.summary(split))
-    else:
-        _log.info(index.report.summary(split))
+    else:  # the data module prints the summary line with the image cache's
+        _log.debug(index.report.summary(split))
     return index
