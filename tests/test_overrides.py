@@ -115,3 +115,9 @@ def test_convert_usage_mistakes_are_one_line(tmp_path, args, needle):
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ")
     assert needle in lines[0]
+
+
+def test_an_argument_left_at_its_default_is_added_with_plus():
+    with pytest.raises(UserError, match=r"trainer\.profiler is not in the config, but Trainer takes it: add it with "
+                       r"\+trainer\.profiler=simple$"):  # fmt: skip
+        check_overrides(["trainer.profiler=simple"], "train")

@@ -170,10 +170,10 @@ def _not_noise(record: logging.LogRecord) -> bool:
 
 
 def one_console_line_per_log() -> None:
-    """Tidy the console of a command: drop the `lightning` package's own console handler once the root logger has
-    handlers (Hydra's console and job-log file: the record still reaches both through the root, instead of being
-    printed twice), and leave out Lightning's messages in `_NOISE`. Call it after `lightning` is imported (its import
-    adds the handler)."""
+    """Tidy the console of a command: drop the `lightning` packages' own console handlers (stderr, not propagated)
+    once the root logger has handlers (Hydra's console: the record then reaches it, and the run log, through the
+    root, as every other line), and leave out Lightning's messages in `_NOISE`. Call it after `lightning` is
+    imported (its import adds the handlers)."""
     import warnings
 
     import lightning  # noqa: F401 - the handler is added by this import
@@ -184,10 +184,12 @@ def one_console_line_per_log() -> None:
         logging.getLogger(name).addFilter(_not_noise)
     if not logging.getLogger().handlers:
         return
-    lightning_logger = logging.getLogger("lightning")
-    for handler in list(lightning_logger.handlers):
-        if type(handler) is logging.StreamHandler:  # its console handler; file handlers are left alone
-            lightning_logger.removeHandler(handler)
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # each import adds one to its package's
+        lightning_logger = logging.getLogger(name)
+        for handler in list(lightning_logger.handlers):
+            if type(handler) is logging.StreamHandler:  # its console handler; file handlers are left alone
+                lightning_logger.removeHandler(handler)
+                lightning_logger.propagate = True  # to the root's console handler
 
 
 def guarded(fn: _F) -> _F:

@@ -174,7 +174,7 @@ def run_log(path: str | os.PathLike | None = None) -> Iterator[Path | None]:
     tees = {name: _Tee(stream, log, name) for name, stream in streams.items()}
     handlers = [
         (h, h.stream)
-        for logger in (logging.getLogger(), logging.getLogger("lightning"), logging.getLogger("lightning.pytorch"))
+        for logger in map(logging.getLogger, ("", "lightning", "lightning.pytorch", "lightning.fabric"))
         for h in logger.handlers
         if type(h) is logging.StreamHandler and h.stream in streams.values()
     ]

@@ -207,6 +207,12 @@ def _check_value_override(tree: dict[str, Any], o: Any, config_name: str) -> Non
         raise UserError(f"{shown}: {key} is already a key: drop the + ({key}=...)")
     if current is _ABSENT:
         if not (o.is_add() or o.is_force_add()):
+            target = _taken_by(tree, key)
+            if target is not None:  # an argument the config leaves at its default
+                value = shown.split("=", 1)[1] if "=" in shown else "..."
+                raise UserError(
+                    f"{shown}: {key} is not in the config, but {target} takes it: add it with +{key}={value}"
+                )
             raise UserError(f"{shown}: {_unknown(tree, key, config_name)}")
         if not key.startswith("hydra."):
             _check_new_key(tree, key, _value(o), shown, config_name)
@@ -254,6 +260,16 @@ def _check_new_key(tree: dict[str, Any], key: str, value: Any, shown: str, confi
     hint = f"did you mean {'.'.join([*parts[:depth], close[0]])}?" if close else f"it takes: {', '.join(known)}"
     target = str(owner["_target_"]).rsplit(".", 1)[-1]
     raise UserError(f"{shown}: {target} ({where}) takes no argument {argument!r}; {hint}")
+
+
+def _taken_by(tree: dict[str, Any], key: str) -> str | None:
+    """The `_target_` (short name) whose node `key` is a direct child of and which names it as an argument."""
+    parts = key.split(".")
+    owner = _lookup(tree, parts[:-1])
+    if not (isinstance(owner, dict) and "_target_" in owner):
+        return None
+    params = _parameters(str(owner["_target_"]))
+    return str(owner["_target_"]).rsplit(".", 1)[-1] if params is not None and parts[-1] in params else None
 
 
 def _parameters(target: str) -> set[str] | None:

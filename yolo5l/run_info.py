@@ -136,7 +136,7 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     imgsz = int(cfg.data.imgsz)
     params = sum(p.numel() for p in model.parameters())
     gflops = model_gflops(model, imgsz)
-    flops = f", {gflops:.1f} GFLOPs at {imgsz} px" if gflops is not None else ""
+    flops = f", {gflops:.{1 if gflops >= 1 else 2}f} GFLOPs at {imgsz} px" if gflops is not None else ""
     model_name = choices.get("model") or type(model).__name__
     on_cpu = isinstance(trainer.accelerator, CPUAccelerator)
     devices = int(trainer.num_devices) * int(trainer.num_nodes)
