@@ -44,6 +44,11 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     r = _train(tmp_path, "resume=true", "trainer.max_epochs=3")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "extending the run to 3 epochs" in r.stdout + r.stderr
+    # The schedule had ended at lr0 x lrf: the extension stays there (no "from lr0 x 0.01 to lr0 x 0.01").
+    assert "from epoch 2 the learning rate stays at lr0 x 0.01, where the schedule ended" in r.stdout + r.stderr
+    assert "Training done in " in r.stdout
+    assert ", 1 epoch (epoch 2), 3 in all. Outputs:" in r.stdout  # this command trained one epoch, not three
+    assert "[the checkpoint]" in r.stdout  # the start-up block: the run's own settings
     assert sorted(p.name for p in (tmp_path / "runs" / "train").iterdir()) == ["a"]
     rows = read_metrics_csv(run / "metrics.csv")
     assert [row["epoch"] for row in rows] == ["0", "1", "2"]  # no earlier row lost

@@ -47,7 +47,7 @@ TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  
 GROUPS = (
     "model", "data", "hyp", "module", "module/optimizer", "module/scheduler", "module/metric", "trainer",
     "callbacks", "logger", "experiment", "debug", "paths", "hparams_search",
-)
+)  # fmt: skip
 NULLABLE = ("experiment", "debug", "hparams_search")
 
 
@@ -98,6 +98,15 @@ def config_choices(group: str) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml") and p.name[0] != "_")
+
+
+def groups_help(*groups: str) -> str:
+    """`group: option, option` lines for a command's `--help` (the `${yolo5l.groups:model,data}` resolver of the
+    `hydra.help.template`s in conf/): the groups that command composes, not every folder of conf/."""
+    return "\n".join(f"{group}: {', '.join(config_choices(group))}" for group in groups)
+
+
+OmegaConf.register_new_resolver("yolo5l.groups", groups_help, replace=True)
 
 
 def to_yaml(cfg: DictConfig) -> str:

@@ -174,7 +174,9 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
     if ckpt_dir is None:  # no LastCheckpoint (callbacks=none): the weights still leave the run
         from yolo5l.weights import save_weights
 
-        ckpt_dir = save_weights(module.model, output_dir / "weights.pt", module.names).parent
+        spec = getattr(trainer.datamodule, "spec", None)
+        data, imgsz = getattr(spec, "file", None), getattr(trainer.datamodule, "imgsz", None)
+        ckpt_dir = save_weights(module.model, output_dir / "weights.pt", module.names, imgsz=imgsz, data=data).parent
 
     def existing(path: Path | None) -> str | None:
         return relpath(path) if path is not None and path.exists() else None

@@ -34,6 +34,7 @@ from yolo5l._cli import (
 )
 from yolo5l.config import check_val_config
 from yolo5l.errors import UserError
+from yolo5l.run_info import data_from_weights
 from yolo5l.save_preds import SavedOutputs, atomic_write_text
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
@@ -76,6 +77,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         raise UserError(str(e).splitlines()[0]) from None
     if cfg.data.get("imgsz") is None:
         _set_imgsz(cfg, loaded.imgsz)
+    data_from_weights(cfg, loaded.data)  # without data= on the command line: the weights' own dataset
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # rectangular batches: multiples of it
     if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0

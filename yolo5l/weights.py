@@ -72,6 +72,7 @@ class LoadInfo:
         file_num_classes: Number of classes the file was trained on.
         imgsz: The image size the weights were trained at, as the file records it (yolo5l's ``imgsz``, an
             ultralytics file's ``opt.imgsz``); for a P6 file that records none, 1280 (v7.0's size for P6 models).
+        data: The dataset yaml the weights were trained on (absolute), when the file records it (yolo5l's ``data``).
     """
 
     source: str
@@ -81,6 +82,7 @@ class LoadInfo:
     skipped: list[str] = field(default_factory=list)
     file_num_classes: int = 0
     imgsz: int | None = None
+    data: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,6 +246,7 @@ def save_weights(
     half: bool = True,
     imgsz: int | None = None,
     state_dict: Mapping[str, Tensor] | None = None,
+    data: str | os.PathLike[str] | None = None,
 ) -> pathlib.Path:
     """Write a yolo5l weights file that ``torch.load(weights_only=True)`` reads (atomically).
 
@@ -256,6 +259,7 @@ def save_weights(
         imgsz: The training image size, recorded so that predict and export default to it.
         state_dict: Weights to write instead of the model's own (e.g. the EMA weights of a checkpoint), with the
             model's keys.
+        data: The dataset yaml the model was trained on, recorded (absolute) so that val defaults to it.
 
     Returns:
         The path written.
@@ -285,6 +289,7 @@ def save_weights(
         "state_dict": state,
         "names": names,
         "imgsz": None if imgsz is None else int(imgsz),
+        "data": None if data is None else os.path.abspath(data),
     }
     return atomic_save(ckpt, path)
 
@@ -344,6 +349,7 @@ def load_checkpoint(
     names = [str(n) for n in ckpt.get("names") or range(file_nc)]
     model, info = _transfer(model, ckpt["state_dict"], p, names, file_nc, own_anchors)
     info.imgsz = int(ckpt["imgsz"]) if isinstance(ckpt.get("imgsz"), int) else None
+    info.data = str(ckpt["data"]) if isinstance(ckpt.get("data"), str) else None
     return _to_device(model, map_location), info
 
 
@@ -357,6 +363,7 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
     model = run.get("model_built") or run["model"]  # what was built (yolo5l.model_source), else what was asked
     imgsz = _resolved_imgsz(run)
     return {
+        "data": _run_data_file(run.get("data") or {}),
         "model_config": {
             "depth": model.get("depth"), "width": model.get("width"), "num_classes": len(names),
             "anchors": model.get("anchors"), "cfg": model.get("cfg"),
@@ -382,6 +389,18 @@ def _resolved_imgsz(run: Mapping[str, Any]) -> Any:
         except Exception:  # an interpolation reaching outside the data node: the caller's default applies
             return None
     return imgsz
+
+
+def _run_data_file(data: Mapping[str, Any]) -> str | None:
+    """The dataset yaml of a training run's `data` config: `file`, or the synthetic dataset's `<root>/data.yaml`."""
+
+    def plain(value: Any) -> bool:  # a path, not an interpolation the run resolved (`${oc.env:...}`)
+        return isinstance(value, str) and "${" not in value
+
+    if plain(data.get("file")):
+        return os.path.abspath(data["file"])
+    root = (data.get("synthetic") or {}).get("root")
+    return os.path.abspath(os.path.join(root, "data.yaml")) if plain(root) else None
 
 
 def load_weights(

@@ -168,7 +168,14 @@ class LastCheckpoint(ModelCheckpoint):
         weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
         path = os.path.join(self.dirpath, "best.pt")
         try:
-            save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), state_dict=weights)
+            save_weights(
+                pl_module.model,
+                path,
+                pl_module.names,
+                imgsz=_imgsz(trainer),
+                data=_data_file(trainer),
+                state_dict=weights,
+            )
         except ValueError as e:  # non-finite weights: the previous best.pt stays
             rank_zero_warn(str(e))
 
@@ -197,7 +204,7 @@ class LastCheckpoint(ModelCheckpoint):
         fs.makedirs(self.dirpath, exist_ok=True)
         path = os.path.join(self.dirpath, self.weights_name)
         try:
-            save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer))
+            save_weights(pl_module.model, path, pl_module.names, imgsz=_imgsz(trainer), data=_data_file(trainer))
         except ValueError as e:  # non-finite weights: nothing is written rather than a broken file
             rank_zero_warn(str(e))
 
@@ -331,6 +338,13 @@ def _weights_nbytes(pl_module: pl.LightningModule) -> int:
 def _imgsz(trainer: pl.Trainer) -> int | None:
     imgsz = getattr(getattr(trainer, "datamodule", None), "imgsz", None)
     return imgsz if isinstance(imgsz, int) else None
+
+
+def _data_file(trainer: pl.Trainer) -> str | None:
+    """The dataset yaml the run trains on (recorded in its weights.pt: val defaults to it)."""
+    spec = getattr(getattr(trainer, "datamodule", None), "spec", None)
+    file = getattr(spec, "file", None)
+    return str(file) if file is not None else None
 
 
 class RunConfig(Callback):

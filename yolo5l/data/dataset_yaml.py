@@ -209,7 +209,17 @@ def _resolve_root(data: Mapping[str, Any], file: Path | None, where: str) -> Pat
         if c.is_dir():
             return c
     looked = " and ".join(str(c) for c in candidates)
-    raise DatasetError(f"{where}: dataset root path={raw!r} not found (looked at {looked}).{_hint(data)}")
+    raise DatasetError(
+        f"{where}: dataset root path={raw!r} not found (looked at {looked}).{_backslashes(raw)}{_hint(data)}"
+    )
+
+
+def _backslashes(value: Any) -> str:
+    """A hint for a Windows-style path (`images\\train`, `C:\\data`) read where `/` separates folders."""
+    if os.sep == "\\" or "\\" not in str(value):
+        return ""
+    forward = str(value).replace("\\", "/")
+    return f" Its backslashes are Windows separators: write it with forward slashes ({forward!r}), as on every system."
 
 
 def _hint(data: Mapping[str, Any]) -> str:
@@ -260,7 +270,7 @@ def _split_files(data: Mapping[str, Any], split: str, root: Path, where: str) ->
         else:
             raise DatasetError(
                 f"{where}: {split} entry {str(e)!r} not found (looked for {p}, relative to the dataset root "
-                f"{root}).{_hint(data)}"
+                f"{root}).{_backslashes(e)}{_hint(data)}"
             )
         files.extend(found)
         sources.append(p)
