@@ -150,7 +150,7 @@ def test_stripped_weights_small_and_loadable(tmp_path, fit_ema):
     assert w.exists()
     assert w.stat().st_size < last.stat().st_size / 3
     ck = torch.load(w, weights_only=True)
-    assert set(ck) == {"model_config", "state_dict", "names", "imgsz"}
+    assert set(ck) == {"model_config", "state_dict", "names", "imgsz", "data"}
     assert ck["names"] == ["a", "b"]
     assert ck["state_dict"]["model.0.conv.weight"].dtype == torch.float16
     model, _ = load_checkpoint(w)

@@ -5,6 +5,7 @@ line is written above the bar, never on its line (yolo5l/console.py, yolo5l/call
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import subprocess
@@ -13,13 +14,14 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from yolo5l.callbacks.epoch_line import EpochLine, format_epoch_line
 from yolo5l.callbacks.progress_bar import NoBar, YOLOProgressBar, console_progress
 from yolo5l.callbacks.throughput import ThroughputMonitor
-from yolo5l.console import clean_lines, run_log
+from yolo5l.console import ConsoleFormatter, ConsoleHandler, clean_lines, run_log
 
 GOLDEN = Path(__file__).parent / "golden" / "smoke_console.txt"
 #: Regenerate the golden file from a run: YOLO5L_UPDATE_GOLDEN=1 pytest tests/test_console_log.py -k golden
@@ -93,6 +95,17 @@ def test_with_a_bar_the_epoch_line_is_on_its_own_line_and_the_log_has_no_bar(tmp
         trainer.fit(BoringModel())
         warnings.warn("a warning\nover two lines", UserWarning, stacklevel=1)
         print("after the run")
+        with_bar_open = YOLOProgressBar()  # a record logged while a bar is drawn: written above it
+        bar = with_bar_open.init_train_tqdm()
+        bar.update(1)
+        handler = ConsoleHandler(sys.stdout)
+        handler.setFormatter(ConsoleFormatter())
+        logging.getLogger("yolo5l.test").addHandler(handler)
+        try:
+            logging.getLogger("yolo5l.test").warning("logged during an epoch")
+        finally:
+            logging.getLogger("yolo5l.test").removeHandler(handler)
+            bar.close()
     console = capfd.readouterr()
     out = console.out + console.err
     assert "it/s" in out  # the bar was drawn
@@ -102,8 +115,10 @@ def test_with_a_bar_the_epoch_line_is_on_its_own_line_and_the_log_has_no_bar(tmp
     text = log.read_text()
     lines = text.splitlines()
     assert lines[0] == "before the run"
-    assert lines[-2:] == ["warning: a warning over two lines", "after the run"]  # no file, line number or source
-    assert "warning: a warning over two lines\n" in console.err
+    assert lines[-3:] == ["warning: a warning over two lines", "after the run", "warning: logged during an epoch"]
+    assert "warning: a warning over two lines\n" in console.err  # no file, line number or source line
+    at = out.index("warning: logged during an epoch")
+    assert out[at - 1] in "\r\n", repr(out[at - 80 : at])
     epoch_lines = [ln for ln in lines if ln.startswith("epoch ")]
     assert [ln.split("  ")[0] for ln in epoch_lines] == ["epoch 0/2", "epoch 1/2"]
     assert all("images/s" in ln and "data wait" in ln for ln in epoch_lines)
@@ -138,3 +153,6 @@ def test_golden_console_of_a_short_run_when_stdout_is_a_file(tmp_path):
         GOLDEN.write_text(got)
     assert got == GOLDEN.read_text()
     assert normalise((tmp_path / "run" / "train.log").read_text()) == got  # the run folder keeps the story
+    # The weights record the data yaml and image size (val's defaults).
+    weights = torch.load(tmp_path / "run" / "checkpoints" / "weights.pt", map_location="cpu", weights_only=True)
+    assert (weights["data"], weights["imgsz"]) == (str((tmp_path / "synthetic" / "data.yaml").resolve()), 64)

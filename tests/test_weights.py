@@ -479,8 +479,8 @@ def test_convert_cli_round_trip(tmp_path, ultralytics_file, capsys):
     assert convert_main([str(ultralytics_file.path), str(out)]) == 0
     assert "Transferred 349/349 items" in capsys.readouterr().out
     ckpt = torch.load(out, weights_only=True)  # plain data: no custom globals
-    assert set(ckpt) == {"model_config", "state_dict", "names", "imgsz"}
-    assert ckpt["imgsz"] is None  # an ultralytics .pt does not record its training size
+    assert set(ckpt) == {"model_config", "state_dict", "names", "imgsz", "data"}
+    assert (ckpt["imgsz"], ckpt["data"]) == (None, None)  # an ultralytics .pt records neither
     assert ckpt["model_config"]["num_classes"] == 80
     assert (ckpt["model_config"]["depth"], ckpt["model_config"]["width"]) == (0.33, 0.5)
     assert len(ckpt["model_config"]["anchors"]) == 3

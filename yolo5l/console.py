@@ -5,7 +5,8 @@
   once the progress bars are gone: carriage-return redraws keep their last state, escape codes and bar lines are
   left out. Hydra's job logging (`conf/hydra/job_logging/yolo5l.yaml`) prints log records as plain lines to stdout,
   so they reach the log the same way.
-- `ConsoleFormatter`: a log record as one line, `warning: ...` for warnings.
+- `ConsoleFormatter`, `ConsoleHandler`: a log record as one line (`warning: ...` for warnings), written above any
+  progress bar on screen, never on the bar's line.
 - Python warnings print as one `warning: <message>` line (no file name, line number or source line).
 - `is_terminal()`: whether stdout is a terminal; when it is not (a file, a pipe, a batch system's log), the progress
   bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["ConsoleFormatter", "clean_lines", "is_terminal", "run_log"]
+__all__ = ["ConsoleFormatter", "ConsoleHandler", "clean_lines", "is_terminal", "run_log"]
 
 #: ANSI escape sequences: colours, cursor moves (tqdm's nested bars move the cursor up), OSC titles.
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -53,6 +54,24 @@ class ConsoleFormatter(logging.Formatter):
         return text
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """A console handler that writes each record above any progress bar on screen (tqdm's `write`), so that a line
+    logged during an epoch never lands on the bar's own line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _write_above_bars(self.format(record), self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def _write_above_bars(line: str, stream: TextIO) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=stream)
+    stream.flush()
+
+
 def _show_warning(
     message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
     line: str | None = None,
@@ -62,8 +81,7 @@ def _show_warning(
     kind = "" if category is UserWarning else f"{category.__name__}: "
     stream = file if file is not None else sys.stderr
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        stream.write(f"warning: {kind}{text}\n")
-        stream.flush()
+        _write_above_bars(f"warning: {kind}{text}", stream)
 
 
 def clean_lines(text: str, partial: str = "") -> tuple[list[str], str]:
@@ -176,7 +194,7 @@ def run_log(path: str | os.PathLike | None = None) -> Iterator[Path | None]:
         (h, h.stream)
         for logger in map(logging.getLogger, ("", "lightning", "lightning.pytorch", "lightning.fabric"))
         for h in logger.handlers
-        if type(h) is logging.StreamHandler and h.stream in streams.values()
+        if type(h) in (logging.StreamHandler, ConsoleHandler) and h.stream in streams.values()
     ]
     show_warning = warnings.showwarning
     sys.stdout, sys.stderr = tees["stdout"], tees["stderr"]  # type: ignore[assignment]
