@@ -76,9 +76,21 @@ def check_overrides(argv: Sequence[str], config_name: str) -> None:
         raise UserError(_parse_problem(overrides, e)) from None
     groups = [o for o in parsed if _is_group(o.key_or_group)]
     values = [o for o in parsed if not _is_group(o.key_or_group)]
-    tree = _compose(config_name, [c for c in map(_first_choice, groups) if c is not None])
-    for o in values:
-        _check_value_override(tree, o, config_name)
+    group_choices = [c for c in map(_first_choice, groups) if c is not None]
+    tree = _compose(config_name, group_choices)
+    try:
+        for o in values:
+            _check_value_override(tree, o, config_name)
+    except UserError:
+        # A resumed run's config is the checkpoint's: keys its first command line added (+callbacks.x...) are there.
+        resumed = _resumed_config(values, tree) if config_name == "train" else None
+        if resumed is None:
+            raise
+        composed = _compose(config_name, group_choices)
+        tree = _compose(config_name, group_choices)
+        _merge(tree, resumed)
+        for o in values:  # `+key` for a key only the checkpoint has is what Hydra needs: not "already a key"
+            _check_value_override(tree, o, config_name, composed=composed)
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
@@ -158,6 +170,34 @@ def _group_problem(config_name: str, group_overrides: Sequence[str], base: Any, 
     return str(error).strip().splitlines()[0]
 
 
+def _resumed_config(values: Sequence[Any], tree: dict[str, Any]) -> dict[str, Any] | None:
+    """The config stored in the checkpoint `resume=` names, or None (no resume, or train reports the problem)."""
+    resume = next((o for o in values if o.key_or_group == "resume" and not o.is_delete()), None)
+    if resume is None or resume.is_sweep_override():
+        return None
+    runs_dir = next((_value(o) for o in values if o.key_or_group == "paths.runs_dir"), None)
+    runs_dir = runs_dir or _lookup(tree, ["paths", "runs_dir"])
+    from pathlib import Path
+
+    from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
+
+    try:
+        path = find_resume_checkpoint(_value(resume), Path(str(runs_dir)) / "train")
+        config = read_resume_state(path).config if path is not None else None
+    except UserError:
+        return None
+    return dict(config) if isinstance(config, dict) else None
+
+
+def _merge(tree: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Add `extra`'s keys to `tree` (recursively); what `tree` has stays."""
+    for key, value in extra.items():
+        if key not in tree:
+            tree[key] = value
+        elif isinstance(tree[key], dict) and isinstance(value, dict):
+            _merge(tree[key], value)
+
+
 # ---- one override ----------------------------------------------------------------------------------------------------
 _ABSENT = object()
 
@@ -193,7 +233,11 @@ def _assign(tree: dict[str, Any], parts: Sequence[str], value: Any, delete: bool
         node[int(leaf)] = value
 
 
-def _check_value_override(tree: dict[str, Any], o: Any, config_name: str) -> None:
+def _check_value_override(
+    tree: dict[str, Any], o: Any, config_name: str, composed: dict[str, Any] | None = None
+) -> None:
+    """Check one key override against `tree` (then apply it there). `composed`: for a resumed run, the config as
+    Hydra composes it, without the checkpoint's keys (a `+key` may name one of those)."""
     key: str = o.key_or_group
     parts = key.split(".")
     current = _lookup(tree, parts)
@@ -203,7 +247,8 @@ def _check_value_override(tree: dict[str, Any], o: Any, config_name: str) -> Non
             raise UserError(f"{shown}: {_unknown(tree, key, config_name)}")
         _assign(tree, parts, None, delete=True)
         return
-    if o.is_add() and not o.is_force_add() and current is not _ABSENT:
+    from_checkpoint = composed is not None and _lookup(composed, parts) is _ABSENT
+    if o.is_add() and not o.is_force_add() and current is not _ABSENT and not from_checkpoint:
         raise UserError(f"{shown}: {key} is already a key: drop the + ({key}=...)")
     if current is _ABSENT:
         if not (o.is_add() or o.is_force_add()):
@@ -238,6 +283,8 @@ def _check_new_key(tree: dict[str, Any], key: str, value: Any, shown: str, confi
     parts = key.split(".")
     if isinstance(value, dict) and "_target_" in value:
         return  # a new callback / logger entry: instantiated as it says
+    if parts[-1].startswith("_") and parts[-1].endswith("_"):
+        return  # Hydra's own keys (`+callbacks.mine._target_=...`, `_partial_`): the arguments that follow are checked
     owner, depth = None, 0
     for i in range(len(parts) - 1, -1, -1):
         node = _lookup(tree, parts[:i])
