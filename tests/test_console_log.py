@@ -66,6 +66,9 @@ def test_console_progress_draws_a_bar_only_on_a_terminal(monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", Terminal())
     assert isinstance(console_progress(style="auto"), YOLOProgressBar)
+    notebook = type("OutStream", (io.StringIO,), {"__module__": "ipykernel.iostream"})  # a Jupyter kernel's stdout
+    monkeypatch.setattr(sys, "stdout", notebook())
+    assert isinstance(console_progress(style="auto"), YOLOProgressBar)
 
 
 def test_format_epoch_line():

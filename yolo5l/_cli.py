@@ -193,8 +193,9 @@ def one_console_line_per_log() -> None:
 
 
 def guarded(fn: _F) -> _F:
-    """Run `fn` (a command's Hydra task) with its console copied into the run folder's log (`yolo5l.console.run_log`,
-    rank 0 only), and turn `UserError` (and a missing file) raised by it into a one-line message and exit code 2.
+    """Run `fn` (a command's Hydra task) with its console copied into the run folder's log (`yolo5l.console.run_log`:
+    `train.log`, and `train_ddp_process_<rank>.log` for each further DDP rank), and turn `UserError` (and a missing
+    file) raised by it into a one-line message and exit code 2.
 
     A run folder that Hydra created for the failed command and that holds nothing but Hydra's own files (`.hydra/`,
     the job log) is removed, so mistakes leave no empty runs behind.
@@ -205,7 +206,7 @@ def guarded(fn: _F) -> _F:
         from yolo5l.console import run_log
 
         try:
-            with run_log() if is_rank_zero() else contextlib.nullcontext():
+            with run_log():  # a DDP rank re-launched by Lightning writes its own <job name>.log
                 try:
                     return fn(*args, **kwargs)
                 except UserError as e:

@@ -14,6 +14,7 @@ Raises `UserError`; the entry points print it as `error: ...` and exit with code
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from collections.abc import Iterator, Sequence
@@ -87,7 +88,7 @@ def check_overrides(argv: Sequence[str], config_name: str) -> None:
         if resumed is None:
             raise
         composed = _compose(config_name, group_choices)
-        tree = _compose(config_name, group_choices)
+        tree = copy.deepcopy(composed)
         _merge(tree, resumed)
         for o in values:  # `+key` for a key only the checkpoint has is what Hydra needs: not "already a key"
             _check_value_override(tree, o, config_name, composed=composed)

@@ -71,7 +71,7 @@ def console_progress(refresh_rate: int = 10, style: str = "auto") -> ProgressBar
 
     Args:
         refresh_rate: batches between redraws of the bar.
-        style: `auto` (a bar on a terminal, none elsewhere), `bar` or `none`.
+        style: `auto` (a bar on a terminal or in a notebook, none elsewhere), `bar` or `none`.
 
     Raises:
         ValueError: An unknown style.
@@ -80,6 +80,13 @@ def console_progress(refresh_rate: int = 10, style: str = "auto") -> ProgressBar
 
     if style not in STYLES:
         raise ValueError(f"callbacks.progress_bar.style={style!r} is not one of: {', '.join(STYLES)}")
-    if style == "bar" or (style == "auto" and is_terminal()):
+    if style == "bar" or (style == "auto" and (is_terminal() or _in_notebook())):
         return YOLOProgressBar(refresh_rate=refresh_rate)
     return NoBar()
+
+
+def _in_notebook() -> bool:
+    """Whether stdout is a Jupyter kernel's output stream, which redraws a bar as a terminal does."""
+    import sys
+
+    return type(sys.stdout).__module__.startswith("ipykernel")
