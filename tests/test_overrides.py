@@ -124,3 +124,18 @@ def test_an_argument_left_at_its_default_is_added_with_plus():
     with pytest.raises(UserError, match=r"trainer\.profiler is not in the config, but Trainer takes it: add it with "
                        r"\+trainer\.profiler=simple$"):  # fmt: skip
         check_overrides(["trainer.profiler=simple"], "train")
+
+
+@pytest.mark.parametrize("entry", ["train", "val", "predict", "export"])
+def test_every_v7_option_hint_is_a_valid_override(entry):
+    """What `--epochs 3` and the others are told to write passes the same check."""
+    import re
+
+    from yolo5l.overrides import V7_OPTIONS
+
+    required = {"val": ["weights=w.pt"], "predict": ["weights=w.pt", "source=a.jpg"], "export": ["weights=w.pt"]}
+    for option, hint in V7_OPTIONS[entry].items():
+        override = re.sub(r"\s*\(.*\)$", "", hint).split("|")[0]  # the first of the alternatives, no note
+        override = re.sub(r"=N$", "=2", re.sub(r"=X$", "=0.1", override))
+        check_overrides([*required.get(entry, []), override], entry)  # raises for a hint that is not valid
+        assert option.startswith("--")

@@ -25,7 +25,8 @@ from yolo5l.errors import UserError
 
 __all__ = ["check_overrides", "closest_key"]
 
-#: ultralytics/yolov5 v7.0 options (train.py, val.py, detect.py, export.py) and the overrides that do the same here.
+#: ultralytics/yolov5 v7.0 options (train.py, val.py, detect.py, export.py) and the overrides that do the same here
+#: (docs/cli.md has the whole train.py table).
 V7_OPTIONS = {
     "train": {
         "--epochs": "trainer.max_epochs=N", "--img": "data.imgsz=N", "--imgsz": "data.imgsz=N",
@@ -36,7 +37,11 @@ V7_OPTIONS = {
         "--freeze": "freeze=N", "--seed": "seed=N", "--optimizer": "module/optimizer=adamw",
         "--cos-lr": "module/scheduler=cosine", "--patience": "callbacks.early_stopping.patience=N",
         "--project": "hydra.run.dir=runs/train/name", "--name": "hydra.run.dir=runs/train/name",
-        "--noval": "callbacks.val_interval.n=N", "--evolve": "hparams_search=evolve (with -m)",
+        "--noval": "callbacks.val_interval.n=N", "--evolve": "hparams_search=evolve",
+        "--rect": "data.rect=true", "--image-weights": "data.image_weights=true",
+        "--multi-scale": "data.multi_scale=true", "--single-cls": "data.single_cls=true", "--quad": "data.quad=true",
+        "--noplots": "plots=false", "--label-smoothing": "hyp.label_smoothing=X",
+        "--save-period": "callbacks.checkpoint.save_period=N", "--sync-bn": "+trainer.sync_batchnorm=true",
     },
     "val": {
         "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--img": "data.imgsz=N",
@@ -105,7 +110,8 @@ def _overrides_of(argv: Sequence[str], config_name: str) -> tuple[Any, list[str]
         if item.startswith("-"):
             option = item.split("=", 1)[0]
             instead = V7_OPTIONS.get(config_name, {}).get(option)
-            hint = f"write {instead}" if instead else f"see python -m yolo5l.{config_name} --help"
+            more = " (docs/cli.md maps every v7.0 train.py flag)" if config_name == "train" else ""
+            hint = f"write {instead}" if instead else f"see python -m yolo5l.{config_name} --help{more}"
             raise UserError(f"unknown option {option}: yolo5l takes key=value overrides; {hint}")
     return args, [str(o) for o in args.overrides or []]
 
