@@ -80,6 +80,14 @@ def test_weights_record_their_dataset_and_image_size(tmp_path):
     assert info.data == os.path.abspath("rel/data.yaml")  # absolute: val runs from anywhere
 
 
+def test_a_training_checkpoint_names_its_runs_dataset():
+    from yolo5l.weights import _run_data_file
+
+    assert _run_data_file({"file": "d/data.yaml"}) == os.path.abspath("d/data.yaml")
+    assert _run_data_file({"file": None, "synthetic": {"root": "ds/s"}}) == os.path.abspath("ds/s/data.yaml")
+    assert _run_data_file({"file": "${oc.env:YOLO5L_DATASETS,datasets}/coco128/data.yaml"}) is None  # unresolved
+
+
 def test_val_takes_the_weights_dataset_unless_the_command_line_chose(tmp_path, capsys):
     yaml = tmp_path / "data.yaml"
     yaml.write_text("path: .\ntrain: images\nval: images\nnames: [a]\n")

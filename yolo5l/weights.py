@@ -392,15 +392,10 @@ def _resolved_imgsz(run: Mapping[str, Any]) -> Any:
 
 
 def _run_data_file(data: Mapping[str, Any]) -> str | None:
-    """The dataset yaml of a training run's `data` config: `file`, or the synthetic dataset's `<root>/data.yaml`."""
-
-    def plain(value: Any) -> bool:  # a path, not an interpolation the run resolved (`${oc.env:...}`)
-        return isinstance(value, str) and "${" not in value
-
-    if plain(data.get("file")):
-        return os.path.abspath(data["file"])
+    """A run's dataset yaml (`data.file`, else the synthetic `<root>/data.yaml`); None for an unresolved `${...}`."""
     root = (data.get("synthetic") or {}).get("root")
-    return os.path.abspath(os.path.join(root, "data.yaml")) if plain(root) else None
+    path = data.get("file") or (os.path.join(root, "data.yaml") if isinstance(root, str) else None)
+    return os.path.abspath(path) if isinstance(path, str) and "${" not in path else None
 
 
 def load_weights(
