@@ -46,12 +46,18 @@ V7_OPTIONS = {
     "val": {
         "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--img": "data.imgsz=N",
         "--imgsz": "data.imgsz=N", "--batch-size": "data.val_batch_size=N", "--conf-thres": "module.conf_thres=X",
-        "--iou-thres": "module.iou_thres=X", "--device": "trainer.accelerator=cpu|gpu",
+        "--iou-thres": "module.iou_thres=X", "--device": "trainer.accelerator=cpu|gpu", "--task": "task=val",
+        "--augment": "augment=true", "--save-txt": "save_txt=true", "--save-conf": "save_conf=true",
+        "--save-hybrid": "save_hybrid=true", "--save-json": "save_json=true", "--single-cls": "data.single_cls=true",
     },
     "predict": {
         "--source": "source=path", "--weights": "weights=path.pt", "--img": "imgsz=N", "--imgsz": "imgsz=N",
         "--conf-thres": "conf_thres=X", "--iou-thres": "iou_thres=X", "--max-det": "max_det=N",
         "--device": "device=cpu|cuda", "--nosave": "save_images=false", "--save-txt": "save_txt=true",
+        "--save-conf": "save_conf=true", "--save-crop": "save_crop=true", "--classes": "classes=[0,2]",
+        "--agnostic-nms": "agnostic_nms=true", "--augment": "augment=true", "--visualize": "visualize=true",
+        "--half": "half=true", "--vid-stride": "vid_stride=N", "--line-thickness": "line_thickness=N",
+        "--hide-labels": "hide_labels=true", "--hide-conf": "hide_conf=true",
     },
     "export": {
         "--weights": "weights=path.pt", "--include": "format=onnx|torchscript", "--img": "imgsz=N",
@@ -359,8 +365,8 @@ def closest_key(tree: dict[str, Any], key: str) -> str | None:
     parent = _lookup(tree, parts[:-1])
     if isinstance(parent, dict):
         siblings = [str(k) for k in parent if not str(k).startswith("_")]
-        close = difflib.get_close_matches(parts[-1], siblings, n=1, cutoff=0.6)
-        close = close or [k for k in siblings if k.startswith(f"{parts[-1]}_")][:1]  # conf -> conf_thres
+        close = [k for k in siblings if k.startswith(f"{parts[-1]}_")][:1]  # conf -> conf_thres
+        close = close or difflib.get_close_matches(parts[-1], siblings, n=1, cutoff=0.6)
         if close:
             return ".".join([*parts[:-1], close[0]])
     hydra_key = key.startswith("hydra.")
