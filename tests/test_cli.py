@@ -115,7 +115,7 @@ def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, mon
 
 
 MISTAKES = [
-    ("train", ["model=yolov9"], "unknown model 'yolov9': choose one of yolov5l, yolov5m, yolov5n, yolov5s, yolov5x"),
+    ("train", ["model=yolov9"], "unknown model 'yolov9': choose one of yolov5l, yolov5l6, yolov5m, yolov5m6, yolov5n,"),
     ("train", ["data.file=/no/such/data.yaml"], "data.file='/no/such/data.yaml': file not found"),
     ("train", ["trainer.devices=2", "trainer.accelerator=cpu", "data.batch_size=15"], "does not divide by the 2"),
     ("train", ["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
