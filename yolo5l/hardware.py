@@ -28,6 +28,7 @@ __all__ = [
     "inference_device",
     "loader_workers",
     "num_devices",
+    "owned_cores",
     "resolve_precision",
     "trainer_policy",
     "tune_host_memory",
@@ -122,6 +123,29 @@ def num_devices(trainer_cfg: Mapping[str, Any]) -> int:
         raise UserError(f"trainer.devices={devices!r} with trainer.accelerator={accelerator}: {e}") from None
     nodes = trainer_cfg.get("num_nodes", 1) or 1
     return max(1, count) * int(nodes)
+
+
+# cgroup v2's "quota period" file, then v1's quota and period files: the first that exists is the process's.
+CGROUP_CPU_FILES: tuple[tuple[str, str | None], ...] = (
+    ("/sys/fs/cgroup/cpu.max", None),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+)
+
+
+def owned_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset, cpusets), capped by its cgroup's CPU quota
+    (containers: cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`), rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for quota_file, period_file in CGROUP_CPU_FILES:
+        try:
+            fields = Path(quota_file).read_text().split()
+            quota, period = fields[0], fields[1] if period_file is None else Path(period_file).read_text().strip()
+        except (OSError, IndexError):
+            continue
+        if quota not in ("max", "-1") and int(period) > 0:
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+        break
+    return max(1, cores)
 
 
 def loader_workers(num_workers: int | str, on_accelerator: bool, local_devices: int = 1) -> int:

@@ -1,0 +1,193 @@
+"""`CPUThreads`: torch's intra-op threads follow the cores a CPU training actually gets.
+
+PyTorch's CPU operators (and the fused BatchNorm + SiLU kernel) run as OpenMP parallel regions: every thread takes a
+fixed share of the work, and the region ends when the slowest thread is done. On a machine shared with another job
+that has more runnable threads than cores, one of the training's threads is regularly descheduled for a whole
+scheduler slice while the others wait for it at the region's end, spinning; a training step is thousands of short
+regions, so it slows down far more than its share of the cores (measured in docs/benchmarks.md, "Sharing the
+machine": 2 threads on a 2-core host beside a one-core load lost 4x, 1 thread lost 2x).
+
+This callback measures, every `window` training steps, how long the process's threads waited for a core (the
+scheduler's run delay, from `/proc/self/task/*/schedstat`) and how much of the process's cores sat idle
+(`/proc/stat`). When its threads waited more than `contended` thread-seconds per second, it tries fewer threads for
+one window; when cores were idle and it runs below its ceiling, it tries more. The trial is kept only when the
+median step time improves by `min_gain`; a trial that loses is retried later, at doubling intervals. The ceiling is
+torch's thread count at the start of training (OMP_NUM_THREADS, Lightning's per-rank split under DDP) capped by the
+cores the process owns (its affinity mask and cgroup CPU quota: `yolo5l.hardware.owned_cores`).
+
+On a quiet machine no trial ever runs, so the thread count, and with it the results bit for bit, stay as they are.
+Under contention the thread count can change mid-run, and a reduction's rounding depends on the thread count: pass
+`callbacks.cpu_threads.adaptive=false` (or set OMP_NUM_THREADS) for bit-identical reruns on a shared machine.
+Only training on the CPU adapts: on an accelerator the host threads mostly launch kernels.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from yolo5l.hardware import owned_cores
+
+__all__ = ["CPUThreads", "idle_cores", "run_delay_seconds"]
+
+
+def run_delay_seconds(pid: int | str = "self") -> float | None:
+    """Seconds that the threads of process `pid` have spent runnable but waiting for a core, summed over its live
+    threads (the second field of each `/proc/<pid>/task/<tid>/schedstat`); None where the kernel does not say."""
+    total, seen = 0, False
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):  # a thread that ended between the glob and the read
+            continue
+    return total / 1e9 if seen else None
+
+
+def idle_cores(cpus: set[int] | None = None) -> float | None:
+    """Idle core-seconds since boot over `cpus` (default: this process's affinity), from `/proc/stat`'s idle and
+    iowait columns; differences of two readings over a wall interval give the idle cores in it. None without
+    `/proc/stat`."""
+    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu" and int(name[3:]) in cpus:
+            ticks += int(fields[3]) + int(fields[4])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CPUThreads(Callback):
+    """Adapt `torch.set_num_threads` to the cores a CPU training gets (see the module docstring).
+
+    Args:
+        adaptive: false keeps torch's thread count (capped by the owned cores) for the whole run.
+        window: training steps per measurement, and per trial.
+        max_seconds: a measurement ends sooner once its steps (at least 2) took this long: slow steps under heavy
+            contention are when a decision matters most.
+        contended: run delay, in thread-seconds per second, above which fewer threads are tried.
+        min_gain: relative improvement of the median step time that keeps a trial.
+        verbose: print a line each time the thread count changes.
+    """
+
+    def __init__(
+        self, adaptive: bool = True, window: int = 6, max_seconds: float = 10.0, contended: float = 0.25,
+        min_gain: float = 0.03, verbose: bool = True,
+    ) -> None:  # fmt: skip
+        if int(window) < 2:
+            raise ValueError(f"CPUThreads: window must be at least 2 steps, got {window!r}")
+        self.adaptive = bool(adaptive)
+        self.window = int(window)
+        self.max_seconds = float(max_seconds)
+        self.contended = float(contended)
+        self.min_gain = float(min_gain)
+        self.verbose = verbose
+        self.ceiling = 1
+        self._start_threads: int | None = None
+        self.changes: list[tuple[int, int, int]] = []  # (global step, from, to): what the run did, for tests/logs
+        self._active = False
+        self._times: list[float] = []
+        self._last: float | None = None
+        self._trial: tuple[int, float, str] | None = None  # (threads before, their median step time, reason)
+        self._hold = 0  # windows to wait before the next trial
+        self._backoff = 2
+        self._mark: tuple[float, float | None, float | None] | None = None  # (wall, run delay, idle) at window start
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        threads = self._start_threads = torch.get_num_threads()
+        self.ceiling = max(1, min(threads, owned_cores()))
+        if threads > self.ceiling:  # torch counts the machine's cores; a container or taskset may own fewer
+            torch.set_num_threads(self.ceiling)
+            rank_zero_info(f"intra-op threads: {threads} -> {self.ceiling} (the cores this process owns)")
+        self._active = self.adaptive and trainer.strategy.root_device.type == "cpu" and self.ceiling > 1
+        self._last = None
+
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last = None  # the step after validation or a new epoch's first fetch is not a training step's time
+        self._mark = None
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last = None
+        self._mark = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self._active:
+            return
+        now = time.perf_counter()  # CPU operators are synchronous: the host clock is the step's time
+        if self._mark is None:
+            self._mark = (now, run_delay_seconds(), idle_cores())
+        if self._last is not None:
+            self._times.append(now - self._last)  # fetch + step: what throughput is made of
+        self._last = now
+        if len(self._times) >= self.window or (len(self._times) >= 2 and sum(self._times) >= self.max_seconds):
+            self._decide(trainer.global_step, statistics.median(self._times), now)
+            self._times.clear()
+
+    def _decide(self, step: int, median: float, now: float) -> None:
+        wall0, delay0, idle0 = self._mark or (now, None, None)
+        delay1, idle1 = run_delay_seconds(), idle_cores()
+        self._mark = (now, delay1, idle1)
+        elapsed = max(now - wall0, 1e-9)
+        waiting = (delay1 - delay0) / elapsed if delay0 is not None and delay1 is not None else 0.0
+        idle = (idle1 - idle0) / elapsed if idle0 is not None and idle1 is not None else 0.0
+        threads = torch.get_num_threads()
+
+        if self._trial is not None:
+            before, before_median, reason = self._trial
+            self._trial = None
+            if median < before_median * (1.0 - self.min_gain):
+                self._backoff = 2
+                self._hold = 1
+                self.changes.append((step, before, threads))
+                if self.verbose:
+                    rank_zero_info(
+                        f"intra-op threads: {before} -> {threads} ({reason}; step {1e3 * before_median:.0f} -> "
+                        f"{1e3 * median:.0f} ms)"
+                    )
+            else:
+                torch.set_num_threads(before)
+                self._hold = self._backoff
+                self._backoff = min(64, 2 * self._backoff)
+            return
+        if self._hold > 0:
+            self._hold -= 1
+            return
+        target, reason = threads, ""
+        if waiting > self.contended and threads > 1:
+            # Each waiting thread-second per second is about one core taken by someone else.
+            target = max(1, min(threads - 1, math.floor(threads - waiting)))
+            reason = f"threads waited {waiting:.2f} s/s for a core"
+        elif threads < self.ceiling and idle >= 0.5:
+            target = min(self.ceiling, threads + max(1, math.floor(idle + 0.5)))
+            reason = f"{idle:.1f} cores idle"
+        if target != threads:
+            self._trial = (threads, median, reason)
+            torch.set_num_threads(target)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # The process goes on (a notebook, the next job of a sweep): it gets the thread count it came with.
+        self._trial = None
+        if self._start_threads is not None:
+            torch.set_num_threads(self._start_threads)
+            self._start_threads = None
