@@ -7,6 +7,7 @@ leaves, fewer threads that do not help) is exact and independent of this machine
 
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
@@ -57,6 +58,7 @@ def _steps(cb: CPUThreads, trainer, host: Host, n: int) -> None:
 
 def _start(**kwargs) -> tuple[CPUThreads, types.SimpleNamespace]:
     kwargs.setdefault("max_seconds", 1e9)  # windows of exactly `window` steps unless a test says otherwise
+    kwargs.setdefault("start_after", 0)
     cb, trainer = CPUThreads(verbose=False, **kwargs), _trainer()
     cb.on_train_start(trainer, None)
     cb.on_train_epoch_start(trainer, None)
@@ -75,12 +77,14 @@ def test_a_neighbour_taking_a_core_moves_to_fewer_threads(host):
     host.step_s, host.waiting = {2: 4.0, 1: 1.5}, 1.5
     cb, trainer = _start()
     _steps(cb, trainer, host, 1 + 6)  # the first step only starts the clock; 6 measured: the trial starts
-    assert torch.get_num_threads() == 1 and cb.changes == []
+    assert torch.get_num_threads() == 1
+    assert cb.changes == []
     _steps(cb, trainer, host, 6)  # the trial's window: faster, kept
     assert torch.get_num_threads() == 1
     assert cb.changes == [(13, 2, 1)]
     _steps(cb, trainer, host, 60)  # still contended, but one thread is the floor
-    assert torch.get_num_threads() == 1 and len(cb.changes) == 1
+    assert torch.get_num_threads() == 1
+    assert len(cb.changes) == 1
 
 
 def test_a_trial_that_does_not_help_is_undone_and_retried_at_doubling_intervals(host):
@@ -91,11 +95,13 @@ def test_a_trial_that_does_not_help_is_undone_and_retried_at_doubling_intervals(
         _steps(cb, trainer, host, 1)
         if torch.get_num_threads() == 1:
             trials.append(trainer.global_step)
-    assert torch.get_num_threads() == 2 and cb.changes == []
+    assert torch.get_num_threads() == 2
+    assert cb.changes == []
     starts = [s for s in trials if s - 1 not in trials]
     assert len(starts) >= 3
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # backing off
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps == sorted(gaps)
+    assert gaps[-1] > gaps[0]
 
 
 def test_threads_come_back_when_the_neighbour_leaves(host):
@@ -116,6 +122,15 @@ def test_slow_steps_end_a_measurement_early(host):
     assert torch.get_num_threads() == 1
 
 
+def test_the_first_steps_are_not_measured(host):
+    host.step_s, host.waiting = {2: 4.0, 1: 1.5}, 1.5
+    cb, trainer = _start(start_after=10)
+    _steps(cb, trainer, host, 10 + 1 + 5)
+    assert torch.get_num_threads() == 2  # 5 measured steps: no decision yet
+    _steps(cb, trainer, host, 1)
+    assert torch.get_num_threads() == 1  # the trial
+
+
 def test_not_adaptive_or_one_thread_or_an_accelerator_leaves_it_alone(host):
     host.step_s, host.waiting = {2: 4.0, 1: 1.5}, 1.5
     for kwargs, device, threads in (({"adaptive": False}, "cpu", 2), ({}, "cpu", 1), ({}, "meta", 2)):
@@ -124,13 +139,15 @@ def test_not_adaptive_or_one_thread_or_an_accelerator_leaves_it_alone(host):
         trainer.strategy.root_device = torch.device(device)
         cb.on_train_start(trainer, None)
         _steps(cb, trainer, host, 40)
-        assert torch.get_num_threads() == threads and cb.changes == []
+        assert torch.get_num_threads() == threads
+        assert cb.changes == []
 
 
 def test_teardown_gives_back_the_thread_count_and_the_ceiling_is_the_owned_cores(host, monkeypatch):
     monkeypatch.setattr(ct, "owned_cores", lambda: 1)  # e.g. `taskset -c 0` or a one-CPU container quota
     cb, trainer = _start()
-    assert torch.get_num_threads() == 1 and cb.ceiling == 1
+    assert torch.get_num_threads() == 1
+    assert cb.ceiling == 1
     cb.teardown(trainer, None, "fit")
     assert torch.get_num_threads() == 2
 

@@ -77,6 +77,8 @@ class CPUThreads(Callback):
     Args:
         adaptive: false keeps torch's thread count (capped by the owned cores) for the whole run.
         window: training steps per measurement, and per trial.
+        start_after: training steps of a run (or a resumed run) before the first measurement: the first steps
+            build the allocator's pools and oneDNN's primitives, and are slower than the rest.
         max_seconds: a measurement ends sooner once its steps (at least 2) took this long: slow steps under heavy
             contention are when a decision matters most.
         contended: run delay, in thread-seconds per second, above which fewer threads are tried.
@@ -85,14 +87,16 @@ class CPUThreads(Callback):
     """
 
     def __init__(
-        self, adaptive: bool = True, window: int = 6, max_seconds: float = 10.0, contended: float = 0.25,
-        min_gain: float = 0.03, verbose: bool = True,
+        self, adaptive: bool = True, window: int = 6, start_after: int = 10, max_seconds: float = 10.0,
+        contended: float = 0.25, min_gain: float = 0.03, verbose: bool = True,
     ) -> None:  # fmt: skip
         if int(window) < 2:
             raise ValueError(f"CPUThreads: window must be at least 2 steps, got {window!r}")
         self.adaptive = bool(adaptive)
         self.window = int(window)
         self.max_seconds = float(max_seconds)
+        self.start_after = int(start_after)
+        self._seen = 0  # training steps of this fit
         self.contended = float(contended)
         self.min_gain = float(min_gain)
         self.verbose = verbose
@@ -116,6 +120,7 @@ class CPUThreads(Callback):
             rank_zero_info(f"intra-op threads: {threads} -> {self.ceiling} (the cores this process owns)")
         self._active = self.adaptive and trainer.strategy.root_device.type == "cpu" and self.ceiling > 1
         self._last = None
+        self._seen = 0
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -131,7 +136,8 @@ class CPUThreads(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self._active:
+        self._seen += 1
+        if not self._active or self._seen <= self.start_after:
             return
         now = time.perf_counter()  # CPU operators are synchronous: the host clock is the step's time
         if self._mark is None:
