@@ -41,6 +41,7 @@ from yolo5l._cli import (
     unfreeze_start_up,
 )
 from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
+from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.errors import UserError
@@ -131,7 +132,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):
             cfg.data.batch_size = tune_batch_size(trainer, module, datamodule, cfg.tune)
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except Exception as e:
+        raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
+        raise
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

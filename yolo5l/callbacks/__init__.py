@@ -6,6 +6,7 @@ from yolo5l.callbacks.batch_plotter import BatchPlotter
 from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, LastCheckpoint
 from yolo5l.callbacks.early_stopping import FitnessEarlyStopping
 from yolo5l.callbacks.ema import EMACallback
+from yolo5l.callbacks.lost_rank import LostRankWatch
 from yolo5l.callbacks.progress_bar import YOLOProgressBar
 from yolo5l.callbacks.throughput import ThroughputMonitor
 from yolo5l.callbacks.val_interval import ValEveryNEpochs
@@ -18,6 +19,7 @@ __all__ = [
     "EMACallback",
     "FitnessEarlyStopping",
     "LastCheckpoint",
+    "LostRankWatch",
     "ThroughputMonitor",
     "ValEveryNEpochs",
     "ValidationPlots",
