@@ -246,3 +246,15 @@ def test_checkpoint_with_non_finite_optimizer_state_is_not_written(tmp_path):
     with pytest.warns(UserWarning, match=r"optimizer_states\[0\]\[0\]\['momentum_buffer'\] holds non-finite"):
         AtomicCheckpointIO().save_checkpoint(bad, path)
     assert path.read_bytes() == before  # the previous checkpoint is kept
+
+
+def test_export_refuses_weights_with_nan(tmp_path, tiny_module):
+    from yolo5l.errors import UserError
+    from yolo5l.export import export_model
+
+    model = tiny_module().model
+    with torch.no_grad():
+        model.model[0].conv.weight[0, 0, 0, 0] = float("nan")
+    with pytest.raises(UserError, match=r"not exporting .*m\.torchscript: .* holds NaN or inf \(a diverged run\?\)"):
+        export_model(model, tmp_path / "m.torchscript", fmt="torchscript", imgsz=64)
+    assert not list(tmp_path.iterdir())
