@@ -99,6 +99,24 @@ def test_a_failed_collective_becomes_rank_lost(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_ddp_spawn_process_that_died_becomes_rank_lost(tmp_path, capsys):
+    """ddp_spawn's launcher waits in the parent process, outside any hook: torch's ProcessExitedException there."""
+    from torch.multiprocessing import ProcessExitedException
+
+    died = ProcessExitedException("process 1 terminated with signal SIGKILL", 1, 4242, -9, "SIGKILL")
+    with pytest.raises(RankLost) as stopped:
+        raise_if_rank_lost(_trainer(tmp_path), died)
+    line = (
+        "DDP rank lost: rank 1 (pid 4242) was killed by SIGKILL (the kernel's out-of-memory killer sends SIGKILL: see "
+        "dmesg); the job stops; no checkpoint was written yet: start the run again"
+    )
+    assert str(stopped.value) == line
+    assert stopped.value.code == EXIT_RANK_LOST
+    assert capsys.readouterr().err.strip() == line
+    with pytest.raises(RankLost, match=r"rank 0 \(pid 7\) exited with status 3; the job stops"):
+        raise_if_rank_lost(_trainer(tmp_path), ProcessExitedException("process 0 exited", 0, 7, 3))
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="collective_timeout_s"):
         LostRankWatch(collective_timeout_s=0)

@@ -57,6 +57,7 @@ _ORDERLY = {0, EXIT_USAGE, EXIT_DIVERGED, EXIT_RANK_LOST} | {128 + int(s) for s 
 # What a failed collective says when its peer is gone (gloo's and NCCL's words), and how the line puts it.
 _CLOSED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 _TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
+_OOM_HINT = " (the kernel's out-of-memory killer sends SIGKILL: see dmesg)"
 
 
 class RankLost(SystemExit):
@@ -74,15 +75,16 @@ class RankLost(SystemExit):
         return self.message
 
 
-def lost_rank_message(trainer: Any, what: str) -> str:
-    """The line: at the current epoch `what` happened; the job stops; the last complete checkpoint and the `resume=`
-    command, or that there is none yet."""
+def lost_rank_message(trainer: Any, what: str, epoch: bool = True) -> str:
+    """The line: at the current epoch (when `epoch`: this process trains) `what` happened; the job stops; the last
+    complete checkpoint and the `resume=` command, or that there is none yet."""
     last = last_checkpoint(trainer)
     if last is not None:
         advice = f"resume from the last complete checkpoint: python -m yolo5l.train resume={shown_path(last)}"
     else:
         advice = "no checkpoint was written yet: start the run again"
-    return f"DDP rank lost at epoch {getattr(trainer, 'current_epoch', 0)}: {what}; the job stops; {advice}"
+    when = f" at epoch {getattr(trainer, 'current_epoch', 0)}" if epoch else ""
+    return f"DDP rank lost{when}: {what}; the job stops; {advice}"
 
 
 def last_checkpoint(trainer: Any) -> str | None:
@@ -115,11 +117,21 @@ def collective_failure(error: BaseException) -> str | None:
 
 
 def raise_if_rank_lost(trainer: Any, error: BaseException) -> None:
-    """Raise `RankLost` from `error` when `LostRankWatch.on_exception` found that a rank was lost (the command line
-    calls this for an exception out of `trainer.fit`, so that it exits with the lost-rank status)."""
+    """Raise `RankLost` from `error` when a rank was lost: `LostRankWatch.on_exception` found so, or `error` is
+    torch's word that a process of `trainer.strategy=ddp_spawn` ended (its launcher waits in the parent process,
+    outside any hook). The command line calls this for an exception out of `trainer.fit`."""
     for cb in getattr(trainer, "callbacks", []):
         if isinstance(cb, LostRankWatch) and cb.lost is not None:
             raise cb.lost from error
+    if isinstance(error, torch.multiprocessing.ProcessExitedException):
+        if error.signal_name:
+            how = f"was killed by {error.signal_name}"
+            how += _OOM_HINT if error.signal_name == "SIGKILL" else ""
+        else:
+            how = f"exited with status {error.exit_code}"
+        message = lost_rank_message(trainer, f"rank {error.error_index} (pid {error.error_pid}) {how}", epoch=False)
+        print(f"\n{message}", file=sys.stderr, flush=True)
+        raise RankLost(message) from error
 
 
 class LostRankWatch(Callback):
@@ -215,9 +227,7 @@ class LostRankWatch(Callback):
         """Say which rank went and how, end the other ranks and this process (status 75)."""
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-            how = f"was killed by {name}"
-            if -code == signal.SIGKILL:
-                how += " (the kernel's out-of-memory killer sends SIGKILL: see dmesg)"
+            how = f"was killed by {name}" + (_OOM_HINT if -code == signal.SIGKILL else "")
         else:
             how = f"exited with status {code}"
         message = lost_rank_message(trainer, f"rank {rank} (pid {pid}) {how}")
