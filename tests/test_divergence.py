@@ -142,6 +142,40 @@ def test_state_problem_names_what_went_non_finite(tiny_module):
     assert state_problem(module) == (1, "model.model.0.conv.weight")
 
 
+def test_non_finite_state_at_an_epoch_end_stops_before_validation_and_last_ckpt(
+    tmp_path, tiny_module, tiny_data, make_trainer
+):
+    """NaN in the BatchNorm statistics at epoch 1's last batch (as a NaN step's forward pass leaves them): the run
+    stops there, before that epoch's validation and last.ckpt; epoch 0's last.ckpt stays, and the line names it."""
+    from lightning.pytorch.callbacks import Callback
+
+    from yolo5l.callbacks import EMACallback, LastCheckpoint
+
+    class PlantNaN(Callback):
+        validations = 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.current_epoch == 1 and batch_idx + 1 == trainer.num_training_batches:
+                pl_module.model.model[2].cv1.bn.running_var[0] = float("nan")
+
+        def on_validation_start(self, trainer, pl_module) -> None:
+            self.validations += 1
+
+    ck = tmp_path / "ck"
+    plant = PlantNaN()
+    trainer = make_trainer(tmp_path, [EMACallback(tau=2), plant, LastCheckpoint(dirpath=ck)], max_epochs=3)
+    with pytest.raises(TrainingDiverged) as stopped:
+        trainer.fit(tiny_module(), tiny_data(n=8))
+    assert str(stopped.value).startswith(
+        "training diverged at epoch 1: the BatchNorm running statistics hold NaN or inf "
+        "(model.model.2.cv1.bn.running_var); likely cause: the learning rate (hyp.lr0=0.01) is too high; resume from "
+        f"the last checkpoint, all finite, with a lower rate (or start again with it if that diverges too): python -m "
+        f"yolo5l.train resume={ck / 'last.ckpt'} hyp.lr0=0.001"
+    )
+    assert plant.validations == 1  # epoch 0's only
+    assert torch.load(ck / "last.ckpt", map_location="cpu", weights_only=True)["epoch"] == 0
+
+
 def test_the_line_names_the_cause_and_the_checkpoint(tmp_path, capsys):
     ck = tmp_path / "checkpoints"
     ck.mkdir()

@@ -477,8 +477,8 @@ class YOLOv5Module(pl.LightningModule):
             bad = self.trainer.strategy.reduce(bad, reduce_op="max")
         loss_bad, pred_bad = bad.tolist()
         if loss_bad or pred_bad:
-            what = " and ".join(w for w, b in (("loss", loss_bad), ("predictions", pred_bad)) if b)
-            raise diverged(self.trainer, self._lr0(), f"the validation {what} hold NaN or inf")
+            what = "predictions hold" if not loss_bad else "loss and predictions hold" if pred_bad else "loss holds"
+            raise diverged(self.trainer, self._lr0(), f"the validation {what} NaN or inf")
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[Tensor]:
         """Detections (n, 6) [x1, y1, x2, y2, score, class] per image, in original-image pixels when shapes exist."""
