@@ -93,6 +93,10 @@ def test_a_failed_collective_becomes_rank_lost(tmp_path, capsys):
         watch.on_exception(trainer, None, other)
         raise_if_rank_lost(trainer, other)  # nothing raised
         assert watch.lost is None
+    watch = LostRankWatch(collective_timeout_s=None)  # the backend's timeout kept
+    watch.on_exception(_trainer(tmp_path), None, error)
+    assert "rank 1 waited the process group's timeout for another rank in a collective" in str(watch.lost)
+    capsys.readouterr()
     watch = LostRankWatch()
     watch.on_exception(_trainer(tmp_path, world_size=1), None, RuntimeError(GLOO_CLOSED))  # one process: no ranks
     assert watch.lost is None

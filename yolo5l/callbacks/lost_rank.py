@@ -197,8 +197,9 @@ class LostRankWatch(Callback):
         if kind == "closed":
             what = f"{rank} lost its connection to another rank in a collective: that rank died"
         elif kind == "timeout":
-            wait = f"{self.collective_timeout_s:g} s (callbacks.lost_rank.collective_timeout_s)"
-            wait = wait if self.collective_timeout_s is not None else "the process group's timeout"
+            wait = "the process group's timeout"
+            if self.collective_timeout_s is not None:
+                wait = f"{self.collective_timeout_s:g} s (callbacks.lost_rank.collective_timeout_s)"
             what = f"{rank} waited {wait} for another rank in a collective: that rank died, hangs or lost its node"
         else:
             what = f"{rank}: a collective {kind}"
