@@ -205,7 +205,7 @@ def test_ddp_checkpoints_written_by_rank_zero_only(ddp_run):
     assert r0["ckpt_writes"].count("weights.pt") == 1
     assert r0["ckpt_writes"].count("last.ckpt") == 2  # one per epoch
     files = sorted(p.name for p in (ddp_run["run"] / "checkpoints").iterdir())
-    assert files == ["last.ckpt", "weights.pt"]  # no temporary files left behind
+    assert files == ["best.pt", "last.ckpt", "weights.pt"]  # no temporary files left behind
     ckpt = torch.load(ddp_run["run"] / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
     for k, v in r0["ema_state"].items():
         assert torch.equal(ckpt["state_dict"][k], v), k  # last.ckpt holds the EMA of the end of training

@@ -292,3 +292,19 @@ def test_export_refuses_weights_with_nan(tmp_path, tiny_module):
     with pytest.raises(UserError, match=r"not exporting .*m\.torchscript: .* holds NaN or inf \(a diverged run\?\)"):
         export_model(model, tmp_path / "m.torchscript", fmt="torchscript", imgsz=64)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_does_not_end_the_sweep(tmp_path, synthetic):
+    """Under -m a diverged trial is one failed row of the sweep (fitness 0), not the end of the sweep."""
+    from yolo5l.callbacks.sweep import read_summary
+
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "yolo5l.train", "-m", *SMALL, "hyp.warmup_epochs=0", "hyp.lr0=0.01,10000",
+           "trainer.limit_train_batches=2", f"hydra.sweep.dir={sweep}", f"data.synthetic.root={synthetic}"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training diverged at epoch 0: the validation loss and predictions hold NaN or inf" in r.stderr
+    rows = read_summary(sweep / "summary.csv")
+    status = {next(o for o in row["overrides"].split() if o.startswith("hyp.lr0=")): row["status"] for row in rows}
+    assert status == {"hyp.lr0=0.01": "finished", "hyp.lr0=10000": "failed: TrainingDiverged"}

@@ -44,6 +44,7 @@ from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
+from yolo5l.divergence import TrainingDiverged
 from yolo5l.errors import UserError
 from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
@@ -134,6 +135,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     t0 = time.perf_counter()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except TrainingDiverged:
+        if hc.mode != RunMode.MULTIRUN:
+            raise  # its line is printed; exit status 65
+        unfreeze_start_up()  # one trial of a sweep (a sampled hyp.lr0 too high): the others go on
+        info("this trial diverged (the line above): the sweep goes on, with fitness 0 for it")
+        return {"val/best_fitness": 0.0}
     except Exception as e:
         raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
         raise
