@@ -306,9 +306,10 @@ def check_predict_config(cfg: DictConfig) -> None:
 
 
 # ---- resume ---------------------------------------------------------------------------------------------------------
-#: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module).
+#: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module),
+#: except a new `hyp.lr0` for the rest of a run that diverged (`yolo5l.optim.rescale_lr0`).
 RESUME_MAY_CHANGE = (
-    "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+    "hyp.lr0", "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
     "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
     "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
     "data.cache_dir", "data.val_batch_size", "callbacks", "logger", "paths", "resume", "tune_malloc", "hydra", "plots",

@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["EXIT_USAGE", "UserError", "shown_path"]
+__all__ = ["EXIT_DIVERGED", "EXIT_RANK_LOST", "EXIT_USAGE", "UserError", "shown_path"]
 
 EXIT_USAGE = 2  # what argparse and the entry points exit with on a usage mistake
+# A run that cannot go on (docs/guide.md, "Exit codes"); numbers from BSD's sysexits.h, clear of 1, 2 and 128 + signal.
+EXIT_DIVERGED = 65  # EX_DATAERR: the model's numbers went bad; resuming unchanged would diverge again
+EXIT_RANK_LOST = 75  # EX_TEMPFAIL: a DDP rank died; resuming from the last checkpoint continues the run
 
 
 class UserError(Exception):

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from yolo5l._cli import guarded, info, print_outputs, relpath, resume_gc, run_entry_point, unfreeze_start_up
 from yolo5l.config import check_export_config
+from yolo5l.divergence import first_non_finite
 from yolo5l.errors import UserError
 from yolo5l.exported import load_exported, require_extra
 from yolo5l.models.common import Conv
@@ -202,6 +203,10 @@ def export_model(
     net = DecodedYOLOv5(prepare_for_export(model)).to(device)
     dtype = torch.float16 if half else torch.float32
     net = net.to(dtype)
+    bad = first_non_finite(net.state_dict().items())
+    if bad is not None:  # an exported file never holds NaN or inf (weights beyond fp16's range turn inf in half)
+        why = "in fp16: export in fp32 (drop half=true)" if half else "(a diverged run?)"
+        raise UserError(f"not exporting {os.fspath(path)}: {bad} holds NaN or inf {why}")
     # Not ultralytics' zeros: random pixels make the check below compare every output, not mostly constant ones.
     example = torch.rand(batch, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     expected = net(example).float()

@@ -31,12 +31,13 @@ from torchmetrics import Metric
 
 from yolo5l.boxes import non_max_suppression, scale_boxes, xywh_to_xyxy
 from yolo5l.data.image_weights import class_maps
-from yolo5l.errors import UserError
+from yolo5l.divergence import LossGrowth, TrainingDiverged, describe_state, diverged, state_problem
 from yolo5l.optim import (
     OPTIMIZER_IMPLS,
     extend_schedule,
     interp,
     optimizer_impl_kwargs,
+    rescale_lr0,
     resolve_optimizer_impl,
     yolov5_param_groups,
 )
@@ -45,10 +46,6 @@ __all__ = ["TrainingDiverged", "YOLOv5Module"]
 
 _CLIP_NORM = 10.0  # YOLOv5 train.py: clip_grad_norm_(max_norm=10)
 _MIN_WARMUP_ITERS = 100  # YOLOv5 train.py: nw = max(round(warmup_epochs * nb), 100)
-
-
-class TrainingDiverged(UserError):
-    """The loss or the gradients stayed non-finite: the run stops with a line that names the fix."""
 
 
 def _loss_dict(items: Tensor) -> dict[str, Tensor]:
@@ -104,6 +101,11 @@ class YOLOv5Module(pl.LightningModule):
             one flipped); the validation loss stays that of the plain pass.
         hybrid: add each image's labels to the NMS candidates at score 1 (`yolo5l.save_preds.with_label_candidates`,
             v7.0's `--save-hybrid` for autolabelling); the metrics then count them too.
+        max_loss_growth: stop the run when the epoch's running mean training loss exceeds this many times the lowest
+            one so far (`yolo5l.divergence.LossGrowth`); None: off. Checked with `max_nonfinite_steps`.
+
+    Non-finite weights, BatchNorm statistics or EMA at an epoch's end, and a non-finite validation loss or
+    prediction, stop the run too (`yolo5l.divergence`).
     """
 
     def __init__(
@@ -131,6 +133,7 @@ class YOLOv5Module(pl.LightningModule):
         quad: bool = False,
         augment: bool = False,
         hybrid: bool = False,
+        max_loss_growth: float | None = 10.0,
     ) -> None:
         super().__init__()
         names = _plain(names)  # before save_hyperparameters, which reads these locals
@@ -154,6 +157,8 @@ class YOLOv5Module(pl.LightningModule):
         self._bad_streak = torch.zeros((), dtype=torch.long)  # optimizer steps in a row with non-finite gradients
         self.step_finite: Tensor | None = None  # whether the last optimizer step was applied
         self.class_maps: np.ndarray | None = None  # per-class mAP@0.5:0.95 of the last validation in fit (v7.0 maps)
+        self._growth = LossGrowth(max_loss_growth)
+        self._val_bad: Tensor | None = None  # this validation's [loss, predictions] non-finite flags, on the device
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @property
@@ -228,6 +233,11 @@ class YOLOv5Module(pl.LightningModule):
             self.loss.set_anchors(anchors.detach())
 
     def on_train_start(self) -> None:
+        lr0 = getattr(self.optimizer_factory, "keywords", {}).get("lr")
+        was = rescale_lr0(self.lr_schedulers(), float(lr0)) if lr0 and self.trainer.ckpt_path else None
+        if was is not None:  # resume=... hyp.lr0=<other>: the restored schedule goes on at the new scale
+            rank_zero_info(f"resuming with hyp.lr0={lr0:g} (the checkpoint's run had {was:g}): learning rates x "
+                           f"{lr0 / was:.3g}")  # fmt: skip
         if self._resumed_losses is not None:  # resumed inside an epoch (no on_train_epoch_start): its sums go on
             self._loss_sum = self._resumed_losses[0].to(self.device)
             self._loss_batches = self._resumed_losses[1]
@@ -279,7 +289,9 @@ class YOLOv5Module(pl.LightningModule):
         self._no_sync.close()
         last = batch_idx + 1 >= self.trainer.num_training_batches
         if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0 or last:
-            self._check_divergence()
+            self._check_divergence(epoch_end=last)
+        if last:  # before the epoch's validation and last.ckpt (callbacks' hooks, the EMA's update, ran already)
+            self._check_state()
 
     def _grad_scaler(self) -> Any:
         plugin = self.trainer.precision_plugin
@@ -302,15 +314,40 @@ class YOLOv5Module(pl.LightningModule):
             for p in params:
                 p.grad = None  # a parameter without a gradient is left alone: no momentum, no decay
 
-    def _check_divergence(self) -> None:
-        """Stop a run whose steps keep failing. Reads the streak once per logging interval (a host sync)."""
-        streak = int(self._bad_streak)
+    def _check_divergence(self, epoch_end: bool = False) -> None:
+        """Stop a run whose steps keep failing or whose loss explodes (`yolo5l.divergence`). One host sync per
+        logging interval reads the streak and the epoch's loss so far (under DDP after one all-reduce of the loss,
+        so that every rank decides alike; the streak is the same everywhere: gradients are all-reduced)."""
+        total = self._loss_sum.sum().float() if self._loss_sum is not None else torch.zeros((), device=self.device)
+        values = torch.stack([total, total.new_tensor(float(self._loss_batches))])
+        if self.trainer.world_size > 1:
+            values = self.trainer.strategy.reduce(values, reduce_op="sum")
+        values = torch.cat([values, self._bad_streak.to(values.device, torch.float32).reshape(1)])
+        loss_sum, batches, streak = values.tolist()  # the host sync
+        streak = int(streak)
         if streak >= self.hparams.max_nonfinite_steps:
-            raise TrainingDiverged(
-                f"training diverged: {streak} optimizer steps in a row had a non-finite loss or gradient (epoch "
-                f"{self.current_epoch}); they were skipped and no checkpoint holds them. Try trainer.precision=32 or "
-                f"a lower hyp.lr0, then resume from the last checkpoint"
-            )
+            what = f"{streak} optimizer steps in a row had a non-finite loss or gradient (they were skipped)"
+            raise diverged(self.trainer, self._lr0(), what)
+        lowest = self._growth.grew(loss_sum / batches, int(batches), epoch_end) if batches else None
+        if lowest is not None:
+            what = (f"the training loss exploded: its mean over the epoch so far, {loss_sum / batches:.4g}, is over "
+                    f"{self._growth.factor:g} x its lowest, {lowest:.4g} (module.max_loss_growth)")  # fmt: skip
+            raise diverged(self.trainer, self._lr0(), what)
+
+    def _check_state(self) -> None:
+        """Stop at an epoch end whose weights, BatchNorm statistics or EMA hold NaN or inf: no file can be saved
+        from them. One host sync per epoch, plus one all-reduce under DDP (buffers differ between ranks)."""
+        code, name = state_problem(self)
+        if self.trainer.world_size > 1:
+            agreed = int(self.trainer.strategy.reduce(torch.tensor(code, device=self.device), reduce_op="max"))
+            code, name = agreed, (name if code == agreed else "")
+        if code:
+            raise diverged(self.trainer, self._lr0(), describe_state(code, name))
+
+    def _lr0(self) -> float | None:
+        """The initial learning rate of the optimizer's schedule (`hyp.lr0`)."""
+        base = getattr(self.lr_schedulers(), "base_lrs", None)
+        return float(max(base)) if base else None
 
     def on_train_epoch_end(self) -> None:
         if self._loss_sum is not None:  # the epoch's mean losses: every metrics.csv row carries them
@@ -322,11 +359,13 @@ class YOLOv5Module(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["yolo5l_last_opt_step"] = self._last_opt_step
+        checkpoint["yolo5l_lowest_loss"] = self._growth.lowest
         if self._loss_sum is not None:  # a mid-epoch checkpoint (preemption): the epoch's mean losses go on
             checkpoint["yolo5l_epoch_losses"] = {"sum": self._loss_sum.detach().cpu(), "batches": self._loss_batches}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._last_opt_step = checkpoint.get("yolo5l_last_opt_step", -1)
+        self._growth.lowest = checkpoint.get("yolo5l_lowest_loss")
         losses = checkpoint.get("yolo5l_epoch_losses")
         self._resumed_losses = (losses["sum"], int(losses["batches"])) if losses else None
 
@@ -335,6 +374,7 @@ class YOLOv5Module(pl.LightningModule):
         # Callbacks' hooks run before the module's, so EMACallback has already swapped the EMA weights in.
         # object.__setattr__: nn.Module's would register the copy as a submodule (and put it in checkpoints).
         object.__setattr__(self, "_eval_model", self.fused_copy() if self.hparams.fuse_eval else None)
+        self._val_bad = None
 
     def fused_copy(self) -> nn.Module:
         """A Conv+BN-fused, eval-mode, frozen copy of the current weights (a few ms for yolov5s).
@@ -358,6 +398,11 @@ class YOLOv5Module(pl.LightningModule):
     ) -> list[Tensor]:
         """NMS of the decoded heads; with `images`, every test-time augmentation pass (`augment`), and with `targets`,
         the labels as candidates too (`hybrid`)."""
+        return self._nms(self._decode(heads, images, targets))
+
+    def _decode(self, heads: Sequence[Tensor], images: Tensor | None = None, targets: Tensor | None = None) -> Tensor:
+        """The NMS candidates of `_detect`: the decoded heads (all TTA passes with `augment`), and with `hybrid` the
+        labels."""
         net = self._net()
         if self.hparams.get("augment") and images is not None:
             from yolo5l.tta import augmented_decode
@@ -369,6 +414,9 @@ class YOLOv5Module(pl.LightningModule):
             from yolo5l.save_preds import with_label_candidates
 
             decoded = with_label_candidates(decoded, targets, images.shape[2:])
+        return decoded
+
+    def _nms(self, decoded: Tensor) -> list[Tensor]:
         # One call for the batch: candidate selection runs batched, the NMS itself image by image (see boxes.py).
         single_cls = bool(self.hparams.get("single_cls"))
         dets = non_max_suppression(
@@ -404,7 +452,10 @@ class YOLOv5Module(pl.LightningModule):
         _, items = self.loss(heads, targets)  # targets are normalised to the letterboxed batch
         for name, value in zip(("box", "obj", "cls"), items, strict=True):
             self.log(f"val/loss_{name}", value, on_epoch=True, sync_dist=True, batch_size=bsz)
-        dets = self._to_original(self._detect(heads, images, targets), (h, w), shapes)
+        decoded = self._decode(heads, images, targets)
+        bad = torch.stack([~torch.isfinite(items).all(), ~torch.isfinite(decoded).all()])  # on the device: no sync
+        self._val_bad = bad if self._val_bad is None else self._val_bad | bad
+        dets = self._to_original(self._nms(decoded), (h, w), shapes)
 
         # Ground truth per image, in the same original-image pixels (validation only: these sync the host).
         order = torch.argsort(targets[:, 0], stable=True)
@@ -418,6 +469,8 @@ class YOLOv5Module(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         # compute() gathers every rank's states, so all ranks get (and log) the same values.
         self._eval_model = None  # free the fused copy; the next validation fuses the weights of that time
+        if self.trainer.state.fn == "fit" and not self.trainer.sanity_checking:
+            self._check_validation()
         metrics = self.map_metric.compute()
         self.map_metric.reset()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=False)
@@ -425,6 +478,18 @@ class YOLOv5Module(pl.LightningModule):
         if trainer.state.fn == "fit" and not trainer.sanity_checking and hasattr(self.map_metric, "per_class"):
             results = self.map_metric.per_class()  # computed above (on every rank): no second gather
             self.class_maps = class_maps(results.classes, results.map, self.model.num_classes)
+
+    def _check_validation(self) -> None:
+        """Stop at a validation whose loss or predictions are not finite (before best.pt and last.ckpt are written):
+        one host sync per validation, plus one all-reduce under DDP (each rank saw its own shard)."""
+        bad = self._val_bad if self._val_bad is not None else torch.zeros(2, dtype=torch.bool, device=self.device)
+        bad = bad.to(torch.int32)
+        if self.trainer.world_size > 1:
+            bad = self.trainer.strategy.reduce(bad, reduce_op="max")
+        loss_bad, pred_bad = bad.tolist()
+        if loss_bad or pred_bad:
+            what = "predictions hold" if not loss_bad else "loss and predictions hold" if pred_bad else "loss holds"
+            raise diverged(self.trainer, self._lr0(), f"the validation {what} NaN or inf")
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[Tensor]:
         """Detections (n, 6) [x1, y1, x2, y2, score, class] per image, in original-image pixels when shapes exist."""

@@ -27,6 +27,7 @@ __all__ = [
     "interp",
     "optimizer_impl_kwargs",
     "param_groups",
+    "rescale_lr0",
     "resolve_optimizer_impl",
     "yolov5_param_groups",
 ]
@@ -162,6 +163,26 @@ def extend_schedule(scheduler: LambdaLR, epoch: int, epochs: int) -> tuple[float
     for f in {id(f): f for f in scheduler.lr_lambdas}.values():  # LambdaLR repeats one factor for every group
         f.extend(epoch, epochs)
     return factor.tail_factor, factor.lrf
+
+
+def rescale_lr0(scheduler: LambdaLR, lr0: float) -> float | None:
+    """Give a restored schedule another initial learning rate (`resume=... hyp.lr0=<lower>` after a divergence):
+    the schedule's `base_lrs`, every group's `initial_lr` (the warmup's target) and its current `lr` are scaled by
+    `lr0` over the restored one, so the schedule goes on from the same point at the new scale.
+
+    Returns:
+        The restored lr0 when it was changed, else None (the same rate: a resume stays exact).
+    """
+    old = max(scheduler.base_lrs, default=0.0)
+    if old <= 0 or math.isclose(old, lr0, rel_tol=1e-9):
+        return None
+    ratio = lr0 / old
+    scheduler.base_lrs = [b * ratio for b in scheduler.base_lrs]
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] *= ratio
+        if "initial_lr" in group:
+            group["initial_lr"] *= ratio
+    return old
 
 
 class _FactorLR(LambdaLR):

@@ -42,8 +42,10 @@ from yolo5l._cli import (
 )
 from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.epoch_line import EpochLine
+from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
+from yolo5l.divergence import TrainingDiverged
 from yolo5l.errors import UserError
 from yolo5l.final_val import validate_best
 from yolo5l.hardware import uses_cuda
@@ -158,7 +160,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
         with open_dict(cfg):
             cfg.data.batch_size = tune_batch_size(trainer, module, datamodule, cfg.tune)
     t0 = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except TrainingDiverged:
+        if hc.mode != RunMode.MULTIRUN:
+            raise  # its line is printed; exit status 65
+        unfreeze_start_up()  # one trial of a sweep (a sampled hyp.lr0 too high): the others go on
+        info("this trial diverged (the line above): the sweep goes on, with fitness 0 for it")
+        return {"val/best_fitness": 0.0}
+    except Exception as e:
+        raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
+        raise
     wall = time.perf_counter() - t0
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}

@@ -255,7 +255,8 @@ def save_weights(
         path: Output file.
         names: Class names (defaults to ``["0", "1", ...]``).
         half: Store floating tensors in half precision, as YOLOv5's ``strip_optimizer`` does (half the size; the
-            model is built in float32 again when loaded).
+            model is built in float32 again when loaded). A tensor with values beyond half's range stays float32:
+            YOLOv5 would store inf there.
         imgsz: The training image size, recorded so that predict and export default to it.
         state_dict: Weights to write instead of the model's own (e.g. the EMA weights of a checkpoint), with the
             model's keys.
@@ -274,10 +275,7 @@ def save_weights(
     bad = next((k for k, v in source.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
     if bad is not None:
         raise ValueError(f"not writing {os.fspath(path)}: {bad} holds non-finite values (a diverged run?)")
-    state = {
-        k: (v.detach().half() if half and v.is_floating_point() else v.detach()).cpu().clone()
-        for k, v in source.items()
-    }
+    state = {k: _stored(v.detach(), half).cpu().clone() for k, v in source.items()}
     ckpt = {
         "model_config": {
             "depth": float(model.depth),
@@ -292,6 +290,15 @@ def save_weights(
         "data": None if data is None else os.path.abspath(data),
     }
     return atomic_save(ckpt, path)
+
+
+def _stored(t: Tensor, half: bool) -> Tensor:
+    """`t` as a weights file stores it: floating tensors in half precision, except one whose values lie beyond
+    half's range (65504; a BatchNorm variance of a run close to diverging), which would turn into inf there."""
+    if not (half and t.is_floating_point()):
+        return t
+    low = t.half()
+    return low if bool(torch.isfinite(low).all()) else t  # one host sync per tensor: at save time only
 
 
 def load_checkpoint(

@@ -9,6 +9,7 @@ from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, LastCheckpoint
 from yolo5l.callbacks.early_stopping import FitnessEarlyStopping
 from yolo5l.callbacks.ema import EMACallback
 from yolo5l.callbacks.label_plots import LabelPlots
+from yolo5l.callbacks.lost_rank import LostRankWatch
 from yolo5l.callbacks.progress_bar import YOLOProgressBar
 from yolo5l.callbacks.throughput import ThroughputMonitor
 from yolo5l.callbacks.val_interval import ValEveryNEpochs
@@ -23,6 +24,7 @@ __all__ = [
     "FitnessEarlyStopping",
     "LabelPlots",
     "LastCheckpoint",
+    "LostRankWatch",
     "ThroughputMonitor",
     "ValEveryNEpochs",
     "ValidationPlots",

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.archive import archive_damage
+from yolo5l.divergence import first_non_finite
 from yolo5l.errors import UserError, shown_path
 from yolo5l.weights import atomic_save, save_weights
 
@@ -234,13 +235,20 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 def _non_finite(checkpoint: dict[str, Any]) -> str | None:
-    """The name of the first weights tensor of a checkpoint with a NaN or inf (one host sync per tensor: at save
-    time only), else None."""
-    for part in ("state_dict", "current_model_state"):
-        for name, t in (checkpoint.get(part) or {}).items():
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                return f"{part}[{name!r}]"
-    return None
+    """The name of the first tensor of a checkpoint's weights (EMA and raw) or optimizer state with a NaN or inf,
+    else None (one host sync per device: at save time only)."""
+    named = [
+        (f"{part}[{name!r}]", t)
+        for part in ("state_dict", "current_model_state")
+        for name, t in (checkpoint.get(part) or {}).items()
+        if isinstance(t, torch.Tensor)
+    ]
+    for i, opt in enumerate(checkpoint.get("optimizer_states") or []):
+        for index, state in (opt.get("state") or {}).items():
+            named += [
+                (f"optimizer_states[{i}][{index}][{k!r}]", t) for k, t in state.items() if isinstance(t, torch.Tensor)
+            ]
+    return first_non_finite(named)
 
 
 # ---- failed writes ---------------------------------------------------------------------------------------------------

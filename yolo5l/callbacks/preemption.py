@@ -38,7 +38,10 @@ DDP: the signal may reach one rank only (Kubernetes signals the container's firs
 one all-reduce (MAX) of the received signal every `check_every_n_steps` optimizer steps, at the end of the batch
 that made the step (the same batch on every rank), and once at every epoch end; a single process reads its own flag
 at every step, which costs nothing. A signal therefore stops a DDP run within `check_every_n_steps` optimizer steps
-(10 by default: a few seconds at usual batch sizes) plus the step and the checkpoint write.
+(10 by default: a few seconds at usual batch sizes) plus the step and the checkpoint write. A rank that received the
+signal waits at most `agree_timeout_s` for the others there: the signal may be a scheduler's answer to a rank that
+died (torchrun's agent sends SIGTERM to the surviving workers), and waiting for that rank would outlast the grace
+period; it then stops with `LostRankWatch`'s line and status (`RankLost`) instead.
 
 A checkpoint that cannot be written (full disk) stops the run with `CheckpointWriteError`'s line instead, which
 names the previous `last.ckpt` (whole: every write is atomic) to resume from.
@@ -51,6 +54,7 @@ the grace period ends, cannot be caught: the previous `last.ckpt` is whole, as e
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -68,6 +72,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from yolo5l.callbacks.checkpoint import LastCheckpoint, stop_on_write_error
+from yolo5l.callbacks.lost_rank import RankLost, collective_failure, lost_rank_message
 from yolo5l.errors import shown_path
 
 __all__ = ["Preempted", "PreemptionCheckpoint"]
@@ -99,6 +104,8 @@ class PreemptionCheckpoint(Checkpoint):
         check_every_n_steps: under DDP, optimizer steps between the ranks' agreements (one all-reduce and one host
             sync each); unused on one process.
         folder: where `last.ckpt` goes; None: `LastCheckpoint`'s folder, else `<default_root_dir>/checkpoints`.
+        agree_timeout_s: under DDP, how long a rank that received the signal waits for the others to agree before it
+            takes one of them as lost (`RankLost`).
     """
 
     def __init__(
@@ -106,6 +113,7 @@ class PreemptionCheckpoint(Checkpoint):
         signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
         check_every_n_steps: int = 10,
         folder: str | os.PathLike | None = None,
+        agree_timeout_s: float = 10.0,
     ) -> None:
         names = [str(s).upper() for s in signals]
         unknown = [n for n in names if not isinstance(getattr(signal, n, None), signal.Signals)]
@@ -115,6 +123,9 @@ class PreemptionCheckpoint(Checkpoint):
             raise ValueError(f"PreemptionCheckpoint: check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.signals = [getattr(signal, n) for n in names]
         self.check_every_n_steps = int(check_every_n_steps)
+        if not agree_timeout_s > 0:
+            raise ValueError(f"PreemptionCheckpoint: agree_timeout_s must be > 0, got {agree_timeout_s}")
+        self.agree_timeout_s = float(agree_timeout_s)
         self.folder = None if folder is None else str(folder)
         self._received = 0  # signal number seen by this process (0: none); written by the handler only
         self._agreed = 0  # signal number all ranks agreed to stop for (0: not yet)
@@ -239,11 +250,29 @@ class PreemptionCheckpoint(Checkpoint):
 
     # ---- helpers -------------------------------------------------------------------------------------------------
     def _agree(self, trainer: pl.Trainer) -> int:
-        """The signal to stop for, the same on every rank (the largest received; 0: none)."""
+        """The signal to stop for, the same on every rank (the largest received; 0: none). One all-reduce and host
+        sync, every n steps only; a rank that received the signal waits `agree_timeout_s` at most."""
         if trainer.world_size == 1:
             return self._received
         flag = torch.tensor(self._received, dtype=torch.int32, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(flag, reduce_op="max"))  # the host sync, every n steps only
+        if not self._received:  # bounded by the process group's timeout (LostRankWatch sets it)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            return int(flag)
+        work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.agree_timeout_s))
+        except RuntimeError as e:  # a rank is gone: its connection closed, or it did not come in time
+            self._uninstall()
+            name = signal.Signals(self._received).name
+            if collective_failure(e) == "closed":
+                why = "lost its connection to another rank: that rank died"
+            else:
+                wait = f"{self.agree_timeout_s:g} s (callbacks.preemption.agree_timeout_s)"
+                why = f"the other ranks did not agree within {wait}: one of them died or hangs"
+            message = lost_rank_message(trainer, f"rank {trainer.global_rank} received {name} and {why}")
+            print(f"\n{message}", file=sys.stderr, flush=True)
+            raise RankLost(message) from e
+        return int(flag)
 
     @staticmethod
     def _ends_epoch(trainer: pl.Trainer, batch_idx: int) -> bool:
