@@ -18,6 +18,12 @@ compare in the same command, e.g. ``--variant fixed=callbacks.cpu_threads.adapti
 as before the adaptive callback).
 
     python scripts/bench_contention.py --rounds 2 --variant fixed=callbacks.cpu_threads.adaptive=false
+
+``--pairs`` measures instead two yolo5l trainings on one host against the same two one after the other: two
+commands started together, a Hydra multirun of two jobs on the joblib launcher (``hydra/launcher=joblib
+hydra.launcher.n_jobs=2``), and one epoch as 2 DDP ranks over gloo against one process.
+
+    python scripts/bench_contention.py --pairs --rounds 2
 """
 
 from __future__ import annotations
@@ -149,6 +155,48 @@ def stop(proc: subprocess.Popen | None) -> None:
         proc.wait()
 
 
+def _yolo5l_cmd(args: argparse.Namespace, run_dir: Path, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "yolo5l.train", "trainer.max_epochs=1", f"data.synthetic.root={args.data_root}"]
+    return [*cmd, *args.yolo5l_args, *extra, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={run_dir}"]
+
+
+def pairs(args: argparse.Namespace, work: Path) -> None:
+    """Two trainings on one host against the same two one after the other (see the module docstring)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    rows: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        for seed in (0, 1):
+            timed(_yolo5l_cmd(args, work / f"seq{r}{seed}", f"seed={seed}"), env, REPO, work / "seq.log")
+        rows.setdefault("two runs one after the other", []).append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        procs = [
+            subprocess.Popen(_yolo5l_cmd(args, work / f"par{r}{seed}", f"seed={seed}"), env=env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for seed in (0, 1)
+        ]  # fmt: skip
+        codes = [p.wait() for p in procs]
+        rows.setdefault("two runs started together", []).append(
+            time.perf_counter() - t0 if not any(codes) else math.nan
+        )
+        cmd = _yolo5l_cmd(
+            args, work / f"joblib{r}", "-m", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"
+        )
+        rec = timed(cmd, env, REPO, work / "joblib.log")
+        rows.setdefault("a multirun of two jobs (joblib, n_jobs=2)", []).append(
+            rec["wall_s"] if not rec["code"] else math.nan
+        )
+        one = timed(_yolo5l_cmd(args, work / f"one{r}"), env, REPO, work / "one.log")
+        rows.setdefault("one epoch, one process", []).append(one["wall_s"] if not one["code"] else math.nan)
+        ddp = timed(_yolo5l_cmd(args, work / f"ddp{r}", "trainer.accelerator=cpu", "trainer.devices=2"), env, REPO,
+                    work / "ddp.log")  # fmt: skip
+        rows.setdefault("one epoch, 2 DDP ranks (gloo)", []).append(ddp["wall_s"] if not ddp["code"] else math.nan)
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in rows.items()), flush=True)
+    print("\n| two trainings on one host | best wall s |\n|---|---:|")
+    for k, v in rows.items():
+        print(f"| {k} | {min(v):.1f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--neighbours", default="spin,yolo5l", help="comma-separated: spin, torch, yolo5l")
@@ -160,7 +208,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--yolo5l-args", nargs="*", default=[], help="overrides for every yolo5l run")
     p.add_argument("--settle", type=float, default=25.0, help="seconds a training neighbour runs before a subject")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--pairs", action="store_true", help="two yolo5l trainings on one host (see the docstring)")
     args = p.parse_args(argv)
+    if args.pairs:
+        with tempfile.TemporaryDirectory(prefix="bench_pairs_") as tmp:
+            pairs(args, Path(tmp))
+        return
 
     subjects: list[tuple[str, list[str] | None]] = [("yolo5l", [])]
     for v in args.variant:

@@ -204,3 +204,23 @@ def test_bench_autoanchor_checks_both_label_sets_and_names_a_broken_reference(tm
     r = _script("bench_autoanchor.py", "--images", "50", "--reference", str(broken))
     assert r.returncode != 0
     assert "yolov5==7.0.14" in r.stderr
+
+
+def test_bench_contention_names_what_to_install_when_the_reference_is_missing(tmp_path):
+    r = _script("bench_contention.py", "--ref-python", str(tmp_path / "no-venv" / "python"))
+    assert r.returncode != 0
+    assert "yolov5==7.0.14" in r.stderr
+
+
+@pytest.mark.bench
+def test_bench_contention_times_yolo5l_alone_and_beside_a_neighbour(tmp_path):
+    """yolo5l alone and beside a one-core load at tiny settings: the table has both rows and their slowdown."""
+    r = _script(
+        "bench_contention.py", "--no-reference", "--rounds", "1", "--neighbours", "spin",
+        "--data-root", str(tmp_path / "syn"), "--yolo5l-args", "experiment=smoke", timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| yolo5l |")]
+    assert [ln.split("|")[2].strip() for ln in rows] == ["alone", "spin"]
+    assert float(rows[0].split("|")[4]) == 1.0  # alone against itself
+    assert float(rows[1].split("|")[3]) > 0
