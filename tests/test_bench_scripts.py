@@ -224,3 +224,20 @@ def test_bench_contention_times_yolo5l_alone_and_beside_a_neighbour(tmp_path):
     assert [ln.split("|")[2].strip() for ln in rows] == ["alone", "spin"]
     assert float(rows[0].split("|")[4]) == 1.0  # alone against itself
     assert float(rows[1].split("|")[3]) > 0
+
+
+@pytest.mark.slow
+def test_loss_growth_probe_reports_the_largest_rise(tmp_path):
+    """The figure docs/benchmarks.md gives for module.max_loss_growth: the rule's reads of a run, largest rise first.
+    With hyp.lr0=10000 (the rule switched off) the rise it reports is far over the default 10."""
+    common = ("experiment=smoke", "data.imgsz=64", "logger=csv", "trainer.limit_val_batches=0",
+              f"data.synthetic.root={tmp_path / 'syn'}")  # fmt: skip
+    r = _script("loss_growth_probe.py", *common, "trainer.max_epochs=2", f"hydra.run.dir={tmp_path / 'a'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("largest rise over the lowest running mean loss: ")
+    assert line.endswith(", mean of 4 batches (2 epochs)")
+    lr0 = ("hyp.lr0=10000", "hyp.warmup_epochs=0", "module.max_loss_growth=null", "trainer.max_epochs=2")
+    r = _script("loss_growth_probe.py", *common, *lr0, f"hydra.run.dir={tmp_path / 'b'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.strip().splitlines()[-1].split(": ")[1].split(" x")[0]) > 10
