@@ -45,8 +45,20 @@ TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  
 
 #: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
 GROUPS = (
-    "model", "data", "hyp", "module", "module/optimizer", "module/scheduler", "module/metric", "trainer",
-    "callbacks", "logger", "experiment", "debug", "paths", "hparams_search",
+    "model",
+    "data",
+    "hyp",
+    "module",
+    "module/optimizer",
+    "module/scheduler",
+    "module/metric",
+    "trainer",
+    "callbacks",
+    "logger",
+    "experiment",
+    "debug",
+    "paths",
+    "hparams_search",
 )
 NULLABLE = ("experiment", "debug", "hparams_search")
 

@@ -142,8 +142,15 @@ def _export_onnx(net: nn.Module, example: Tensor, opset: int, dynamic: bool, sim
     return proto.SerializeToString()
 
 
+def xnnpack_enabled() -> bool:
+    """Whether this PyTorch has XNNPACK, which `optimize_for_mobile` (optimize=true) needs."""
+    import torch.backends.xnnpack
+
+    return bool(torch.backends.xnnpack.enabled)
+
+
 def _check_mobile_optimizer() -> None:
-    if not torch.backends.xnnpack.enabled:
+    if not xnnpack_enabled():
         raise UserError(
             "optimize=true needs a PyTorch built with XNNPACK (torch.backends.xnnpack.enabled is False in this one): "
             "export without optimize=true, or with a PyTorch wheel that has XNNPACK"
@@ -330,7 +337,7 @@ def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
         return None
     from yolo5l.deploy.calibration import calibration_files, calibration_images
 
-    return calibration_images(calibration_files(cfg.data, int(cfg.calib_images)), imgsz)
+    return calibration_images(calibration_files(cfg.calib_data, int(cfg.calib_images)), imgsz)
 
 
 def export_weights(cfg: DictConfig) -> Path:
@@ -346,11 +353,11 @@ def export_weights(cfg: DictConfig) -> Path:
     if fmt in ("onnx", "torchscript"):
         _check_half(bool(cfg.half), device)  # before the weights load
     spec = FORMATS[fmt]
-    require_extra(f"format={fmt}", *spec.export_modules, extra=spec.extra)
-    if fmt == "engine":
+    if fmt == "engine":  # before the extra: without a GPU there is nothing to install it for
         from yolo5l.deploy.tensorrt import check_cuda
 
         check_cuda(device)
+    require_extra(f"format={fmt}", *spec.export_modules, extra=spec.extra)
     if fmt == "torchscript" and cfg.optimize:
         _check_mobile_optimizer()
     weights = resolve_weights(str(cfg.weights))  # a URL or a release name (yolov5s.pt) is downloaded once

@@ -1,6 +1,6 @@
-"""Calibration images for int8 quantization (OpenVINO's NNCF, TFLite, TensorRT): images of `data=`, letterboxed.
+"""Calibration images for int8 quantization (NNCF, TFLite, TensorRT): `calib_data=` images, letterboxed.
 
-`data=` is a dataset yaml (its train images, as ultralytics/yolov5 v7.0 `export.py::export_tflite` calibrates on
+`calib_data=` is a dataset yaml (its train images, as ultralytics/yolov5 v7.0 `export.py::export_tflite` calibrates on
 `check_dataset(data)['train']`) or a folder of images. Up to `count` images (v7.0's `ncalib`, 100), spread evenly
 over the list, each letterboxed to the export size as validation letterboxes them and scaled to [0, 1].
 """
@@ -27,10 +27,10 @@ def calibration_files(data: str | os.PathLike[str] | None, count: int = 100) -> 
     from yolo5l.data.layout import is_image_file
 
     if not data:
-        raise UserError("int8=true needs calibration images: pass data=<a dataset yaml or a folder of images>")
+        raise UserError("int8=true needs calibration images: pass calib_data=<a dataset yaml or a folder of images>")
     path = Path(data)
     if not path.exists():
-        raise UserError(f"data={data}: no such file or folder (int8 calibration images)")
+        raise UserError(f"calib_data={data}: no such file or folder (int8 calibration images)")
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and is_image_file(p))
     else:
@@ -38,7 +38,7 @@ def calibration_files(data: str | os.PathLike[str] | None, count: int = 100) -> 
 
         files = list(load_dataset_file(path).files("train"))
     if not files:
-        raise UserError(f"data={data}: no images found for int8 calibration")
+        raise UserError(f"calib_data={data}: no images found for int8 calibration")
     if len(files) > count:
         files = [files[i] for i in np.linspace(0, len(files) - 1, count).round().astype(int)]
     return files

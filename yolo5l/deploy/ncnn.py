@@ -87,13 +87,17 @@ def load_ncnn(path: Path, device: torch.device) -> tuple[Callable[[Tensor], Tens
     meta = yaml.safe_load(meta_file.read_text()) if meta_file.is_file() else {}
     net = ncnn.Net()
     net.opt.num_threads = max(1, torch.get_num_threads())
+    # fp32 arithmetic: ncnn stores and computes in fp16 / bf16 where the CPU has them unless told not to.
+    for flag in ("use_fp16_packed", "use_fp16_storage", "use_fp16_arithmetic", "use_bf16_storage"):
+        if hasattr(net.opt, flag):
+            setattr(net.opt, flag, False)
     if net.load_param(str(param)) != 0 or net.load_model(str(weights)) != 0:
         raise UserError(f"{param}: ncnn cannot load it (or its .bin)")
     imgsz = meta.get("imgsz")
     size = (int(imgsz), int(imgsz)) if imgsz else None
 
     def run(images: Tensor) -> Tensor:
-        x = images.detach().to(device="cpu", dtype=torch.float32).numpy()
+        x = images.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy()
         outs = []
         for im in x:
             with net.create_extractor() as ex:

@@ -71,8 +71,9 @@ class EndToEnd(nn.Module):
         sel = _NonMaxSuppression.apply(boxes, scores, self.max_det, self.iou_thres, self.conf_thres)  # (K, 3)
         b, c, i = sel[:, 0], sel[:, 1], sel[:, 2]
         score = scores[b, c, i]  # (K,)
-        # Grouped by image, best first: scores are in (0, 1], so the image index dominates the key.
-        order = torch.argsort(b.to(score.dtype) * 2 - score)
+        # Grouped by image, best first: scores are in (0, 1], so the image index dominates the key (in float64,
+        # which keeps scores that differ in float32's last bits apart).
+        order = torch.argsort(b.double() * 2 - score.double())
         b, c, i, score = b[order], c[order], i[order], score[order]
         batch = images.shape[0]
         onehot = (b[None] == torch.arange(batch, device=b.device)[:, None]).long()  # (B, K)

@@ -2,8 +2,8 @@
 
 The model is exported to ONNX first (what ultralytics/yolov5 v7.0 `export.py::export_openvino` converts) and
 converted with `openvino.convert_model`; the folder holds `<stem>.xml`, `<stem>.bin` and `<stem>.yaml`, the metadata
-v7.0's `DetectMultiBackend` reads (stride, names). int8: NNCF's `quantize` calibrated on images of `data=`, with the
-decode (the sigmoid, multiplications, additions, powers and concatenations after the last convolutions) kept in
+v7.0's `DetectMultiBackend` reads (stride, names). int8: NNCF's `quantize` calibrated on `calib_data=` images,
+with the decode (the sigmoid, multiplications, additions, powers and concatenations after the last convolutions) kept in
 floating point, since 8 bits over the image's width would move the boxes by pixels.
 """
 
@@ -96,7 +96,8 @@ def load_openvino(path: Path, device: torch.device) -> tuple[Callable[[Tensor], 
     core = ov.Core()
     try:
         model = core.read_model(str(xml))
-        compiled = core.compile_model(model, "CPU")
+        # f32: the CPU plugin would otherwise compute in bf16 on CPUs that have it (boxes off by pixels).
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     except RuntimeError as e:
         raise UserError(f"{xml}: OpenVINO cannot load it ({str(e).strip().splitlines()[0]})") from None
     meta_file = xml.with_suffix(".yaml")

@@ -2,7 +2,7 @@
 
 Built as ultralytics/yolov5 v7.0 `export.py::export_engine` builds it: the ONNX graph parsed into an explicit-batch
 network, an optimisation profile from batch 1 to the export batch when `dynamic=true`, the FP16 flag with
-`half=true`; int8 adds the INT8 flag and an entropy calibrator fed the letterboxed images of `data=`
+`half=true`; int8 adds the INT8 flag and an entropy calibrator fed the letterboxed images of `calib_data=`
 (:class:`CalibrationBatches`). An engine is built for the GPU it runs on: building and running need CUDA. The metadata
 (names, stride, imgsz, ...) is written beside the engine as `<stem>.yaml`, since the engine file has no place for it.
 """

@@ -7,7 +7,7 @@ v7.0's export writes it.
 
 Conversion: litert-torch (`litert_torch.convert`: torch.export, then the LiteRT converter; no TensorFlow). fp16 and
 int8: ai-edge-quantizer on the fp32 file. int8 keeps the input, the output and the decode in float32 (only the
-network's layers are quantized, calibrated on images of `data=`): 8 bits over the image's width would move boxes by
+network's layers are quantized, calibrated on `calib_data=` images): 8 bits over the image's width would move boxes by
 pixels, and a float interface reads like the fp32 file's.
 """
 
