@@ -18,6 +18,7 @@ from typing import Any
 
 import hydra
 import torch
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -103,6 +104,7 @@ def _one(
             path, _ = export_model(model, path, fmt, names=list(loaded.names), device=device, options=opt)
             net = load_exported(path, device)[0]
         row.file, row.size_mb = relpath(path), round(_size(path), 2)
+        GlobalHydra.instance().clear()  # this run's Hydra is set up; the validation composes its own config
         val_cfg = compose_config([*overrides, f"weights={path}", f"data.imgsz={imgsz}"], "val", out / name)
         metrics = validate_weights(val_cfg)
         row.map, row.map_50 = round(metrics["val/map"], 4), round(metrics["val/map_50"], 4)
