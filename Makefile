@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine: `make train` and `make test`.
-# Each creates .venv (pip install -e ".[dev,export,mlflow,optuna]": the tools and the optional extras the tests
-# exercise) when it is missing or older than pyproject.toml.
+# Each creates .venv (pip install -e ".[dev,export,mlflow,optuna,openvino,ncnn,coreml]" and the tflite stack: the
+# tools and the optional extras the tests exercise) when it is missing or older than pyproject.toml.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,11 @@ ARGS ?=
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna]"
+	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna,openvino,ncnn,coreml]"
+	# The tflite extra without litert-converter's xdsl pin (typing-extensions<4.13, which pydantic and coremltools
+	# outgrew; the conversion does not import xdsl): its packages with --no-deps, then their own needs.
+	$(BIN)/python -m pip install -q --no-deps "litert-torch>=0.10" "litert-converter>=0.5" "ai-edge-quantizer>=0.10"
+	$(BIN)/python -m pip install -q "ai-edge-litert>=2.3" jax torchao immutabledict
 	touch $@
 
 venv: $(BIN)/.installed

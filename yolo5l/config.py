@@ -190,9 +190,11 @@ def _check_file(value: Any, key: str, hint: str) -> None:
 
 
 def _check_weights(value: Any) -> None:
+    from yolo5l.deploy.formats import find_format
     from yolo5l.download import weights_url
 
-    if weights_url(str(value)) is None:  # a URL or a release name (yolov5s.pt) is downloaded when loaded
+    if weights_url(str(value)) is None and not (Path(str(value)).is_dir() and find_format(str(value))):
+        # A URL or a release name (yolov5s.pt) is downloaded when loaded; an exported model folder is a folder.
         _check_file(value, "weights", "pass a yolo5l weights.pt / last.ckpt, an ultralytics yolov5*.pt or a URL")
 
 
@@ -360,7 +362,7 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
     return merged
 
 
-EXPORT_FORMATS = ("onnx", "torchscript")
+EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "tflite", "ncnn", "coreml", "engine")
 
 
 def check_export_config(cfg: DictConfig) -> None:
@@ -378,11 +380,14 @@ def check_export_config(cfg: DictConfig) -> None:
         _check_imgsz(_int(cfg, "imgsz"), "imgsz")
     _int(cfg, "batch", minimum=1)
     _int(cfg, "opset", minimum=11)  # the decode's dynamic arange and Resize need opset 11 or later
-    for key in ("dynamic", "half", "simplify"):
-        if not isinstance(cfg.get(key), bool):
+    for key in ("dynamic", "half", "simplify", "int8", "nms", "optimize"):
+        if not isinstance(cfg.get(key, False), bool):
             raise UserError(f"{key}={cfg.get(key)!r} must be true or false")
     if cfg.simplify and fmt != "onnx":
         raise UserError(f"simplify=true applies to format=onnx, not format={fmt}: drop simplify=true")
+    from yolo5l.deploy.options import check_format_options
+
+    check_format_options(cfg, fmt)
 
 
 def check_search_space(cfg: DictConfig) -> None:

@@ -18,23 +18,27 @@ import io
 import json
 import os
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import hydra
+import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from yolo5l._cli import guarded, info, print_outputs, relpath, resume_gc, run_entry_point, unfreeze_start_up
 from yolo5l.config import check_export_config
+from yolo5l.deploy._io import write_atomic
+from yolo5l.deploy.formats import FORMATS, output_path, require_extra
 from yolo5l.divergence import first_non_finite
 from yolo5l.errors import UserError
-from yolo5l.exported import load_exported, require_extra
+from yolo5l.exported import load_exported
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5
 
-__all__ = ["DecodedYOLOv5", "export_model", "export_weights", "prepare_for_export"]
+__all__ = ["DecodedYOLOv5", "ExportOptions", "export_model", "export_weights", "prepare_for_export"]
 
 _DEFAULT_IMGSZ = 640
 INPUT_NAME, OUTPUT_NAME = "images", "output0"  # ultralytics v7.0 export_onnx's names
@@ -103,10 +107,16 @@ def _metadata(
 
 
 def _export_onnx(net: nn.Module, example: Tensor, opset: int, dynamic: bool, simplify: bool, meta: dict) -> bytes:
-    onnx, _ = require_extra("format=onnx", "onnx", "onnxruntime")
+    (onnx,) = require_extra("format=onnx", "onnx")
     # ultralytics v7.0 export_onnx: dynamic axes are batch, height and width of `images`, batch and anchors of
     # `output0`; constant folding on.
     axes = {INPUT_NAME: {0: "batch", 2: "height", 3: "width"}, OUTPUT_NAME: {0: "batch", 1: "anchors"}}
+    outputs = [OUTPUT_NAME]
+    if meta.get("nms"):  # yolo5l.deploy.onnx_nms.EndToEnd: boxes, scores, classes, count
+        from yolo5l.deploy.onnx_nms import OUTPUT_NAMES
+
+        outputs = list(OUTPUT_NAMES)
+        axes = {INPUT_NAME: axes[INPUT_NAME], **{name: {0: "batch"} for name in outputs}}
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         # The TorchScript-based exporter (dynamo=False): it needs no onnxscript and traces the decode's sizes;
@@ -115,7 +125,7 @@ def _export_onnx(net: nn.Module, example: Tensor, opset: int, dynamic: bool, sim
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.onnx.export(
             net, (example,), buffer, opset_version=opset, dynamo=False, do_constant_folding=True,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_axes=axes if dynamic else None,
+            input_names=[INPUT_NAME], output_names=outputs, dynamic_axes=axes if dynamic else None,
         )  # fmt: skip
     proto = onnx.load_from_string(buffer.getvalue())
     if simplify:
@@ -133,7 +143,22 @@ def _export_onnx(net: nn.Module, example: Tensor, opset: int, dynamic: bool, sim
     return proto.SerializeToString()
 
 
-def _export_torchscript(net: nn.Module, example: Tensor, meta: dict) -> bytes:
+def xnnpack_enabled() -> bool:
+    """Whether this PyTorch has XNNPACK, which `optimize_for_mobile` (optimize=true) needs."""
+    import torch.backends.xnnpack
+
+    return bool(torch.backends.xnnpack.enabled)
+
+
+def _check_mobile_optimizer() -> None:
+    if not xnnpack_enabled():
+        raise UserError(
+            "optimize=true needs a PyTorch built with XNNPACK (torch.backends.xnnpack.enabled is False in this one): "
+            "export without optimize=true, or with a PyTorch wheel that has XNNPACK"
+        )
+
+
+def _export_torchscript(net: nn.Module, example: Tensor, meta: dict, optimize: bool = False) -> bytes:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated in favour of torch.export
@@ -142,19 +167,54 @@ def _export_torchscript(net: nn.Module, example: Tensor, meta: dict) -> bytes:
         traced = torch.jit.trace(net, example, strict=False, check_trace=False)
         buffer = io.BytesIO()
         # ultralytics v7.0 export_torchscript: the metadata as JSON in the archive's extra file config.txt.
-        torch.jit.save(traced, buffer, _extra_files={"config.txt": json.dumps({**meta, "shape": list(example.shape)})})
+        extra = {"config.txt": json.dumps({**meta, "shape": list(example.shape), "optimize": optimize})}
+        if optimize:  # v7.0 export_torchscript(optimize=True): mobile passes, saved for the lite interpreter
+            from torch.utils.mobile_optimizer import optimize_for_mobile
+
+            _check_mobile_optimizer()
+            optimize_for_mobile(traced)._save_for_lite_interpreter(buffer, _extra_files=extra)
+        else:
+            torch.jit.save(traced, buffer, _extra_files=extra)
     return buffer.getvalue()
 
 
-def _write(data: bytes, path: Path) -> None:
-    # A temporary file then a rename: an interrupted export never leaves half a file under the final name.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+@dataclass
+class ExportOptions:
+    """What `export_model` writes beyond the format (conf/export.yaml's keys of the same names).
+
+    Attributes:
+        imgsz: Square size of the example input (fixed-size formats: the file's size).
+        batch: Batch of the example input (the file's batch unless dynamic).
+        dynamic: ONNX / OpenVINO / TensorRT: dynamic batch, height and width (TorchScript takes any size anyway).
+        half: fp16: ONNX, TorchScript and TensorRT compute in fp16 (CUDA); OpenVINO, TFLite, ncnn and CoreML store
+            fp16 weights (any device).
+        int8: int8 post-training quantization (OpenVINO, TFLite, TensorRT, CoreML weights), calibrated on
+            `calibration`.
+        calibration: int8 calibration inputs, (1, 3, imgsz, imgsz) float32 arrays in [0, 1].
+        opset: ONNX opset.
+        simplify: ONNX: run onnx-simplifier.
+        nms: ONNX: NMS inside the graph (boxes, scores, classes, count); CoreML: an NMS pipeline.
+        conf_thres: The in-graph NMS's score threshold.
+        iou_thres: Its IoU threshold.
+        max_det: Its detections per image.
+        optimize: TorchScript: mobile-optimised (`torch.utils.mobile_optimizer`), saved for the lite interpreter.
+        workspace: TensorRT: builder workspace in GiB.
+    """
+
+    imgsz: int = _DEFAULT_IMGSZ
+    batch: int = 1
+    dynamic: bool = False
+    half: bool = False
+    int8: bool = False
+    calibration: list[np.ndarray] | None = None
+    opset: int = 17
+    simplify: bool = False
+    nms: bool = False
+    conf_thres: float = 0.25
+    iou_thres: float = 0.45
+    max_det: int = 300
+    optimize: bool = False
+    workspace: float = 4.0
 
 
 @torch.no_grad()
@@ -163,64 +223,126 @@ def export_model(
     path: str | os.PathLike[str],
     fmt: str = "onnx",
     names: list[str] | None = None,
-    imgsz: int = _DEFAULT_IMGSZ,
-    batch: int = 1,
-    dynamic: bool = False,
-    half: bool = False,
     device: str | torch.device = "cpu",
-    opset: int = 17,
-    simplify: bool = False,
-) -> tuple[Path, float]:
+    options: ExportOptions | None = None,
+    **overrides: Any,
+) -> tuple[Path, float | None]:
     """Export `model` (fused and prepared here, in place) and check the file against PyTorch.
 
     Args:
         model: The detector.
-        path: The file to write.
-        fmt: `onnx` or `torchscript`.
+        path: The file (or folder: OpenVINO, ncnn) to write.
+        fmt: One of `yolo5l.deploy.formats.FORMATS`.
         names: Class names (default `"0"`, `"1"`, ...).
-        imgsz: Square size of the example input.
-        batch: Batch of the example input.
-        dynamic: ONNX: dynamic batch, height and width (TorchScript's trace takes any size either way).
-        half: fp16 (CUDA only).
         device: Where the model is traced (and where the file is checked).
-        opset: ONNX opset.
-        simplify: ONNX: run onnx-simplifier.
+        options: What to write (:class:`ExportOptions`); `overrides` replace its fields
+            (`export_model(m, "m.onnx", imgsz=320, dynamic=True)`).
 
     Returns:
-        `(path, largest absolute difference between the file's output and PyTorch's on the example input)`.
+        `(path, largest absolute difference between the file's output and PyTorch's on the example input)`; the
+        difference is None for a format that does not run on this machine (CoreML off macOS).
 
     Raises:
-        UserError: fp16 off CUDA, or the export extra missing.
+        UserError: fp16 off CUDA for ONNX / TorchScript, a missing extra, or a converter's failure.
         ValueError: An unknown format.
     """
-    if fmt not in ("onnx", "torchscript"):
-        raise ValueError(f"fmt must be onnx or torchscript, got {fmt!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    opt = replace(options or ExportOptions(), **overrides)
     device = torch.device(device)
-    _check_half(half, device)
+    if fmt in ("onnx", "torchscript"):
+        _check_half(opt.half, device)
+    spec = FORMATS[fmt]
+    require_extra(f"format={fmt}", *spec.export_modules, extra=spec.extra)  # before the work, not after it
     names = [str(i) for i in range(model.num_classes)] if names is None else [str(n) for n in names]
-    if fmt == "onnx":
-        require_extra("format=onnx", "onnx", "onnxruntime")  # before the work, not after it
     net = DecodedYOLOv5(prepare_for_export(model)).to(device)
-    dtype = torch.float16 if half else torch.float32
+    cuda_half = opt.half and fmt in ("onnx", "torchscript")
+    dtype = torch.float16 if cuda_half else torch.float32
     net = net.to(dtype)
     bad = first_non_finite(net.state_dict().items())
     if bad is not None:  # an exported file never holds NaN or inf (weights beyond fp16's range turn inf in half)
-        why = "in fp16: export in fp32 (drop half=true)" if half else "(a diverged run?)"
+        why = "in fp16: export in fp32 (drop half=true)" if cuda_half else "(a diverged run?)"
         raise UserError(f"not exporting {os.fspath(path)}: {bad} holds NaN or inf {why}")
     # Not ultralytics' zeros: random pixels make the check below compare every output, not mostly constant ones.
-    example = torch.rand(batch, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    expected = net(example).float()
-    meta = _metadata(names, int(model.stride.max()), imgsz, batch, dynamic or fmt == "torchscript", half, device)
-    if fmt == "onnx":
-        data = _export_onnx(net, example, opset, dynamic, simplify, meta)
+    shape = (opt.batch if fmt != "ncnn" else 1, 3, opt.imgsz, opt.imgsz)
+    example = torch.rand(*shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+    if opt.nms and fmt == "onnx":
+        from yolo5l.deploy.onnx_nms import EndToEnd, as_decoded
+
+        net = EndToEnd(net, opt.conf_thres, opt.iou_thres, opt.max_det)
+        boxes, scores, classes, _ = net(example)
+        expected = as_decoded(boxes, scores, classes, len(names))
     else:
-        data = _export_torchscript(net, example, meta)
+        expected = net(example).float()
+    meta = _metadata(names, int(model.stride.max()), opt.imgsz, shape[0], _dynamic(fmt, opt), opt.half, device)
+    meta.update(task="detect", format=fmt, int8=opt.int8, nms=opt.nms and fmt in ("onnx", "coreml"))
     path = Path(path)
-    _write(data, path)
+    _write_format(fmt, net, model, example, path, meta, opt)
     model.detect._grids.clear()  # the eager run above cached grids; leave the model as prepare_for_export did
+    if not spec.runs_on_cpu and device.type == "cpu":
+        return path, None
     exported, *_ = load_exported(path, device)
-    diff = float((exported(example).to(expected.device) - expected).abs().max())
+    got = exported(example).to(expected.device)
+    if opt.nms and fmt == "onnx":  # detections of equal score may come in another order
+        got, expected = _canonical(got), _canonical(expected)
+    diff = float((got - expected).abs().max()) if got.numel() else 0.0
     return path, diff
+
+
+def _canonical(rows: Tensor) -> Tensor:
+    """Each image's rows sorted by their rounded values (score first): an order-free form of NMS output."""
+    out = []
+    for image in rows.cpu().numpy():
+        key = np.round(image[:, [4, *range(5, image.shape[1]), 0, 1, 2, 3]], 3)
+        out.append(torch.from_numpy(image[np.lexsort(key.T[::-1])]))
+    return torch.stack(out).to(rows.device)
+
+
+def _dynamic(fmt: str, opt: ExportOptions) -> bool:
+    return fmt == "torchscript" or (opt.dynamic and fmt in ("onnx", "openvino", "engine"))
+
+
+def _write_format(
+    fmt: str, net: nn.Module, model: YOLOv5, example: Tensor, path: Path, meta: dict, opt: ExportOptions
+) -> None:
+    """Write `path` in `fmt` (see :func:`export_model`)."""
+    int8 = opt.calibration if opt.int8 else None
+    if fmt == "torchscript":
+        write_atomic(_export_torchscript(net, example, meta, opt.optimize), path)
+    elif fmt == "onnx":
+        write_atomic(_export_onnx(net, example, opt.opset, opt.dynamic, opt.simplify, meta), path)
+    elif fmt == "openvino":
+        from yolo5l.deploy.openvino import export_openvino
+
+        onnx_bytes = _export_onnx(net, example, opt.opset, opt.dynamic, False, meta)
+        export_openvino(onnx_bytes, path, meta, half=opt.half, calibration=int8)
+    elif fmt == "tflite":
+        from yolo5l.deploy.tflite import export_tflite
+
+        export_tflite(model.float().cpu(), path, meta, opt.batch, opt.imgsz, half=opt.half, calibration=int8)
+    elif fmt == "ncnn":
+        from yolo5l.deploy.ncnn import export_ncnn
+
+        export_ncnn(net.float().cpu(), path, meta, opt.imgsz, half=opt.half)
+    elif fmt == "coreml":
+        from yolo5l.deploy.coreml import export_coreml
+        from yolo5l.deploy.graph import StaticDecoded
+
+        static = StaticDecoded(model.float().cpu(), opt.imgsz, opt.imgsz)
+        export_coreml(static, path, meta, example.float().cpu(), opt)
+    else:
+        from yolo5l.deploy.tensorrt import export_engine
+
+        onnx_bytes = _export_onnx(net, example, opt.opset, opt.dynamic, False, meta)
+        export_engine(onnx_bytes, path, meta, example, opt, calibration=int8)
+
+
+def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
+    if not cfg.int8:
+        return None
+    from yolo5l.deploy.calibration import calibration_files, calibration_images
+
+    return calibration_images(calibration_files(cfg.calib_data, int(cfg.calib_images)), imgsz)
 
 
 def export_weights(cfg: DictConfig) -> Path:
@@ -233,13 +355,21 @@ def export_weights(cfg: DictConfig) -> Path:
     check_export_config(cfg)
     fmt = str(cfg.format)
     device = inference_device(str(cfg.device))
-    _check_half(bool(cfg.half), device)  # before the weights load
-    if fmt == "onnx":
-        require_extra("format=onnx", "onnx", "onnxruntime")
+    if fmt in ("onnx", "torchscript"):
+        _check_half(bool(cfg.half), device)  # before the weights load
+    spec = FORMATS[fmt]
+    if fmt == "engine":  # before the extra: without a GPU there is nothing to install it for
+        from yolo5l.deploy.tensorrt import check_cuda
+
+        check_cuda(device)
+    require_extra(f"format={fmt}", *spec.export_modules, extra=spec.extra)
+    if fmt == "torchscript" and cfg.optimize:
+        _check_mobile_optimizer()
     weights = resolve_weights(str(cfg.weights))  # a URL or a release name (yolov5s.pt) is downloaded once
     # Beside the weights; a downloaded file's export goes to the current folder, not into the download cache.
     folder = weights.parent if weights_url(str(cfg.weights)) is None else Path.cwd()
-    output = Path(str(cfg.output)) if cfg.output else folder / f"{weights.stem}.{fmt}"
+    default = output_path(folder, weights.stem, fmt, half=bool(cfg.half), int8=bool(cfg.int8))
+    output = Path(str(cfg.output)) if cfg.output else default
     if output.absolute() == weights.absolute():
         raise UserError(f"output={output} would overwrite the weights: pass another output=")
     try:
@@ -249,17 +379,31 @@ def export_weights(cfg: DictConfig) -> Path:
     # The training size where the weights file records one; else YOLOv5's 640.
     imgsz = int(cfg.imgsz or getattr(load_info, "imgsz", None) or _DEFAULT_IMGSZ)
     check_stride(model, imgsz, "imgsz")
+    calibration = _calibration(cfg, imgsz)
     resume_gc()  # set-up is built (the command line paused the collector for it); tracing makes cyclic garbage
-    path, diff = export_model(
-        model, output, fmt, names=list(load_info.names), imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic),
-        half=bool(cfg.half), device=device, opset=int(cfg.opset), simplify=bool(cfg.simplify),
+    opt = ExportOptions(
+        imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic), half=bool(cfg.half), int8=bool(cfg.int8),
+        calibration=calibration, opset=int(cfg.opset), simplify=bool(cfg.simplify), nms=bool(cfg.nms),
+        conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres), max_det=int(cfg.max_det),
+        optimize=bool(cfg.optimize), workspace=float(cfg.workspace),
     )  # fmt: skip
+    path, diff = export_model(model, output, fmt, names=list(load_info.names), device=device, options=opt)
     unfreeze_start_up()
-    runtime = "onnxruntime" if fmt == "onnx" else "torch.jit"
-    shape = f"({int(cfg.batch)}, 3, {imgsz}, {imgsz}) {'fp16' if cfg.half else 'fp32'}"
-    info(f"{runtime} vs PyTorch on the example input {shape}: max abs difference {diff:.3g}")
-    print_outputs("Outputs:", {fmt: f"{relpath(path)} ({path.stat().st_size / 1e6:.1f} MB)"})
+    precision = "int8" if cfg.int8 else "fp16" if cfg.half else "fp32"
+    shape = f"({opt.batch if fmt != 'ncnn' else 1}, 3, {imgsz}, {imgsz}) {precision}"
+    if diff is None:
+        info(f"{fmt} file written; it does not run on this machine, so it was not compared with PyTorch")
+    else:
+        info(f"{_RUNTIMES[fmt]} vs PyTorch on the example input {shape}: max abs difference {diff:.3g}")
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    print_outputs("Outputs:", {fmt: f"{relpath(path)} ({size / 1e6:.1f} MB)"})
     return path
+
+
+_RUNTIMES = {
+    "onnx": "onnxruntime", "torchscript": "torch.jit", "openvino": "OpenVINO", "tflite": "LiteRT", "ncnn": "ncnn",
+    "engine": "TensorRT", "coreml": "Core ML",
+}  # fmt: skip
 
 
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="export")

@@ -29,6 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from yolo5l.deploy.formats import find_format
+from yolo5l.deploy.formats import require_extra as _require_extra
+from yolo5l.deploy.onnx_nms import OUTPUT_NAMES, as_decoded
 from yolo5l.errors import UserError
 
 __all__ = [
@@ -42,42 +45,27 @@ __all__ = [
     "validate_exported",
 ]
 
-#: File suffix -> format, as ultralytics names its exports (`yolov5s.onnx`, `yolov5s.torchscript`).
-EXPORT_FORMATS = {".onnx": "onnx", ".torchscript": "torchscript"}
+#: File suffix -> format for the single-file formats (folders: `yolo5l.deploy.formats.find_format`).
+EXPORT_FORMATS = {".onnx": "onnx", ".torchscript": "torchscript", ".tflite": "tflite", ".engine": "engine"}
 EXTRA_HINT = 'pip install -e ".[export]"'
 _PAD = 114 / 255  # the letterbox grey (yolo5l.data.augment.letterbox), on the model's [0, 1] scale
 _DEFAULT_IMGSZ, _DEFAULT_STRIDE = 640, 32
 
 
 def export_format(path: str | os.PathLike[str]) -> str | None:
-    """`onnx` or `torchscript` for an exported file's name, None for anything else (weights, checkpoints)."""
-    return EXPORT_FORMATS.get(Path(path).suffix.lower())
+    """The format of an exported file or folder (`onnx`, `torchscript`, `openvino`, `tflite`, `ncnn`, `coreml`,
+    `engine`), None for anything else (weights, checkpoints)."""
+    return find_format(path)
 
 
 def is_exported(path: str | os.PathLike[str]) -> bool:
-    """Whether `path` names an exported file (by its suffix) rather than weights."""
+    """Whether `path` names an exported file or folder (by its suffix or layout) rather than weights."""
     return export_format(path) is not None
 
 
-def require_extra(what: str, *modules: str) -> list[Any]:
-    """Import `modules` (`onnx`, `onnxruntime`), or refuse in one line naming the `export` extra.
-
-    Args:
-        what: What needs them, the start of the message (`format=onnx`).
-        *modules: Module names.
-
-    Returns:
-        The modules, in order.
-
-    Raises:
-        UserError: `<what> needs the export extra: pip install -e ".[export]"`.
-    """
-    import importlib
-
-    try:
-        return [importlib.import_module(m) for m in modules]
-    except ImportError:
-        raise UserError(f"{what} needs the export extra: {EXTRA_HINT}") from None
+def require_extra(what: str, *modules: str, extra: str = "export") -> list[Any]:
+    """Import `modules`, or refuse in one line naming the extra (`yolo5l.deploy.formats.require_extra`)."""
+    return _require_extra(what, *modules, extra=extra)
 
 
 def _names(value: Any, nc: int | None = None) -> list[str]:
@@ -140,14 +128,39 @@ class ExportedModel:
         self.device = torch.device(device)
         fmt = export_format(self.path)
         if fmt is None:
-            raise UserError(f"{self.path}: not an exported file (expected {' or '.join(EXPORT_FORMATS)})")
-        if not self.path.is_file():
+            raise UserError(
+                f"{self.path}: not an exported file (expected .onnx, .torchscript, .tflite, .engine, or an "
+                "*_openvino_model / *_ncnn_model folder)"
+            )
+        if not self.path.exists():
             raise UserError(f"{self.path}: file not found")
         self.format = fmt
         self.batch: int | None = None
         self.size: tuple[int, int] | None = None
         self.half = False
-        self._run = self._load_onnx() if fmt == "onnx" else self._load_torchscript()
+        self.end_to_end = False  # ONNX with NMS inside (yolo5l.deploy.onnx_nms)
+        if fmt == "onnx":
+            self._run = self._load_onnx()
+        elif fmt == "torchscript":
+            self._run = self._load_torchscript()
+        else:
+            self._run = self._load_deploy(fmt)
+
+    def _load_deploy(self, fmt: str) -> Callable[[Tensor], Tensor]:
+        if fmt == "coreml":
+            raise UserError(f"{self.path}: CoreML models run on macOS and iOS only (Core ML is not on this system)")
+        if fmt == "openvino":
+            from yolo5l.deploy.openvino import load_openvino as load
+        elif fmt == "tflite":
+            from yolo5l.deploy.tflite import load_tflite as load
+        elif fmt == "ncnn":
+            from yolo5l.deploy.ncnn import load_ncnn as load
+        else:
+            from yolo5l.deploy.tensorrt import load_engine as load
+        run, meta, shape = load(self.path, self.device)
+        self.batch, self.size = shape.get("batch"), shape.get("size")
+        self._meta(meta, None)
+        return run
 
     def _load_onnx(self) -> Callable[[Tensor], Tensor]:
         (ort,) = require_extra(f"{self.path.name} (ONNX)", "onnxruntime")
@@ -165,8 +178,19 @@ class ExportedModel:
             self.size = (dims[2], dims[3])
         self.half = inp.type == "tensor(float16)"
         meta = session.get_modelmeta().custom_metadata_map
-        self._meta(meta, out.shape[-1] if isinstance(out.shape[-1], int) else None)
+        outputs = [o.name for o in session.get_outputs()]
+        self.end_to_end = outputs == list(OUTPUT_NAMES)
+        self._meta(meta, None if self.end_to_end or not isinstance(out.shape[-1], int) else out.shape[-1])
         dtype = torch.float16 if self.half else torch.float32
+        if self.end_to_end:
+            nc = len(self.names)
+
+            def run_end_to_end(images: Tensor) -> Tensor:
+                x = images.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+                boxes, scores, classes, _ = (torch.from_numpy(y) for y in session.run(outputs, {inp.name: x}))
+                return as_decoded(boxes, scores, classes, nc).to(images.device)
+
+            return run_end_to_end
 
         def run(images: Tensor) -> Tensor:
             x = images.detach().to(device="cpu", dtype=dtype).contiguous().numpy()  # NCHW, as the graph reads it

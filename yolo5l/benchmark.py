@@ -1,0 +1,174 @@
+"""Formats benchmark: `python -m yolo5l.benchmark weights=best.pt [data=...|data.file=...] [int8=true]`.
+
+As ultralytics/yolov5 v7.0 `utils/benchmarks.py` does: the weights are exported to each format of `formats`, each
+file is validated on the data's val split (`python -m yolo5l.val`'s code, one run folder per format under this run's)
+and timed on single images; a format that cannot be written or run here gets its one-line reason instead. The table
+(format, file size, mAP@0.5:0.95, mAP@0.5, ms per image, ok or the reason) is printed and written as
+`benchmark.csv` in the run folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from yolo5l._cli import guarded, info, print_outputs, relpath, run_entry_point
+from yolo5l.errors import UserError
+
+__all__ = ["Row", "benchmark", "format_table"]
+
+_QUANTIZING = ("openvino", "tflite")
+# The benchmark's own keys: not passed on to the validation runs.
+_OWN_KEYS = ("formats", "int8", "timing_runs", "device")
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    format: str
+    file: str = ""
+    size_mb: float | None = None
+    map: float | None = None
+    map_50: float | None = None
+    ms_per_image: float | None = None
+    status: str = "ok"
+
+
+def _size(path: Path) -> float:
+    files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+    return sum(f.stat().st_size for f in files) / 1e6
+
+
+def _time(run: Any, imgsz: int, runs: int) -> float:
+    """Median milliseconds of `run` on one (1, 3, imgsz, imgsz) image, after two warm-up runs."""
+    x = torch.rand(1, 3, imgsz, imgsz, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for _ in range(2):
+            run(x)
+        times = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            run(x)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _val_overrides() -> list[str]:
+    task = HydraConfig.get().overrides.task
+    return [o for o in task if o.split("=", 1)[0].lstrip("+~") not in (*_OWN_KEYS, "weights")]
+
+
+def _calibration(cfg: DictConfig, imgsz: int) -> Any:
+    """int8 calibration inputs from the data's train images (the data yaml, or the synthetic set's)."""
+    from yolo5l.deploy.calibration import calibration_files, calibration_images
+
+    data = cfg.data.get("file") or Path(str(cfg.data.synthetic.root)) / "data.yaml"
+    return calibration_images(calibration_files(data), imgsz)
+
+
+def _one(
+    name: str, cfg: DictConfig, overrides: list[str], weights: Path, out: Path, imgsz: int, calibration: Any
+) -> Row:
+    from yolo5l.config import compose_config
+    from yolo5l.deploy.formats import output_path
+    from yolo5l.export import ExportOptions, export_model
+    from yolo5l.exported import load_exported
+    from yolo5l.val import validate_weights
+    from yolo5l.weights import load_weights
+
+    fmt, _, precision = name.partition("-")
+    row = Row(name)
+    try:
+        device = torch.device(str(cfg.device))
+        if fmt == "pytorch":
+            path = weights
+            from yolo5l.export import DecodedYOLOv5, prepare_for_export
+
+            net = DecodedYOLOv5(prepare_for_export(load_weights(weights)[0])).to(device)
+        else:
+            model, loaded = load_weights(weights)
+            path = output_path(out / "files", weights.stem, fmt, int8=precision == "int8")
+            opt = ExportOptions(imgsz=imgsz, dynamic=fmt in ("onnx", "openvino"), int8=precision == "int8",
+                                calibration=calibration if precision == "int8" else None)  # fmt: skip
+            path, _ = export_model(model, path, fmt, names=list(loaded.names), device=device, options=opt)
+            net = load_exported(path, device)[0]
+        row.file, row.size_mb = relpath(path), round(_size(path), 2)
+        GlobalHydra.instance().clear()  # this run's Hydra is set up; the validation composes its own config
+        val_cfg = compose_config([*overrides, f"weights={path}", f"data.imgsz={imgsz}"], "val", out / name)
+        metrics = validate_weights(val_cfg)
+        row.map, row.map_50 = round(metrics["val/map"], 4), round(metrics["val/map_50"], 4)
+        row.ms_per_image = round(_time(net, imgsz, int(cfg.timing_runs)), 2)
+    except UserError as e:
+        row.status = str(e).splitlines()[0]
+    return row
+
+
+def benchmark(cfg: DictConfig) -> list[Row]:
+    """Export, validate and time each format of `cfg.formats` (conf/benchmark.yaml); returns the table's rows."""
+    from yolo5l.deploy.formats import FORMATS
+    from yolo5l.weights import load_weights, resolve_weights
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    unknown = [f for f in cfg.formats if f != "pytorch" and f not in FORMATS]
+    if unknown:
+        raise UserError(f"formats: {', '.join(map(str, unknown))} not one of pytorch, {', '.join(FORMATS)}")
+    weights = resolve_weights(str(cfg.weights))
+    try:
+        _, loaded = load_weights(weights)
+    except ValueError as e:
+        raise UserError(str(e).splitlines()[0]) from None
+    imgsz = int(cfg.data.get("imgsz") or getattr(loaded, "imgsz", None) or 640)
+    names = [str(f) for f in cfg.formats]
+    if cfg.int8:
+        names += [f"{f}-int8" for f in names if f in _QUANTIZING]
+    overrides = _val_overrides()  # read before the validation runs install their own Hydra config
+    rows, calibration = [], None
+    for name in names:
+        info(f"benchmark: {name}")
+        if name.endswith("-int8") and calibration is None:
+            calibration = _calibration(cfg, imgsz)
+        rows.append(_one(name, cfg, overrides, weights, out, imgsz, calibration))
+    with open(out / "benchmark.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+    print("\n" + format_table(rows, imgsz))
+    print_outputs("Outputs:", {"table": relpath(out / "benchmark.csv")})
+    return rows
+
+
+def format_table(rows: list[Row], imgsz: int) -> str:
+    """The rows as an aligned text table."""
+    head = f"{'format':<16}{'size MB':>9}{'mAP50-95':>10}{'mAP50':>8}{f'ms/img@{imgsz}':>13}  status"
+    cell = lambda v, w, f: f"{v:>{w}{f}}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r.format:<16}{cell(r.size_mb, 9, '.2f')}{cell(r.map, 10, '.4f')}{cell(r.map_50, 8, '.4f')}"
+                     f"{cell(r.ms_per_image, 13, '.1f')}  {r.status}")  # fmt: skip
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="benchmark")
+@guarded
+def _hydra_main(cfg: DictConfig) -> None:
+    benchmark(cfg)
+
+
+def main() -> None:
+    """Console entry point (`python -m yolo5l.benchmark`, `yolo5l-benchmark`)."""
+    run_entry_point(_hydra_main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""The export formats: their names, files, extras, and how a path's format is recognised.
+
+A format's file is named as ultralytics names it, so that its loaders recognise it by name too (ultralytics/yolov5
+v7.0 `export.py::export_formats`, `models/common.py::DetectMultiBackend._model_type`): `best.onnx`,
+`best.torchscript`, `best_openvino_model/`, `best.tflite` (`best-fp16.tflite`, `best-int8.tflite`),
+`best.mlpackage`, `best.engine`; ncnn as ultralytics' later releases name it, `best_ncnn_model/`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yolo5l.errors import UserError
+
+__all__ = ["FORMATS", "Format", "find_format", "output_path", "require_extra"]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One export format.
+
+    Attributes:
+        name: The `format=` value.
+        extra: The pyproject extra that installs its tools.
+        export_modules: What writing it imports.
+        run_modules: What running it imports; empty where it cannot run on this kind of machine (CoreML runs on
+            macOS only, TensorRT on NVIDIA GPUs).
+        runs_on_cpu: Whether it runs on a CPU-only machine.
+    """
+
+    name: str
+    extra: str
+    export_modules: tuple[str, ...]
+    run_modules: tuple[str, ...]
+    runs_on_cpu: bool = True
+
+
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("onnx", "export", ("onnx", "onnxruntime"), ("onnxruntime",)),
+        Format("torchscript", "export", (), ()),
+        Format("openvino", "openvino", ("onnx", "openvino"), ("openvino",)),
+        Format("tflite", "tflite", ("litert_torch", "ai_edge_quantizer"), ("ai_edge_litert",)),
+        Format("ncnn", "ncnn", ("pnnx", "ncnn"), ("ncnn",)),
+        Format("coreml", "coreml", ("coremltools",), ("coremltools",), runs_on_cpu=False),
+        Format("engine", "tensorrt", ("onnx", "tensorrt"), ("tensorrt",), runs_on_cpu=False),
+    )
+}
+
+
+def require_extra(what: str, *modules: str, extra: str = "export") -> list[Any]:
+    """Import `modules`, or refuse in one line naming the extra that installs them.
+
+    Args:
+        what: What needs them, the start of the message (`format=onnx`).
+        *modules: Module names.
+        extra: The pyproject extra.
+
+    Returns:
+        The modules, in order.
+
+    Raises:
+        UserError: `<what> needs the <extra> extra: pip install -e ".[<extra>]"`.
+    """
+    try:
+        return [importlib.import_module(m) for m in modules]
+    except ImportError:
+        raise UserError(f'{what} needs the {extra} extra: pip install -e ".[{extra}]"') from None
+
+
+def _dir_format(path: Path) -> str | None:
+    name = path.name
+    if name.endswith("_openvino_model") or any(path.glob("*.xml")):
+        return "openvino"
+    if name.endswith("_ncnn_model") or any(path.glob("*.param")):
+        return "ncnn"
+    return None
+
+
+def find_format(path: str | os.PathLike[str]) -> str | None:
+    """The format of an exported file or folder, None for anything else (weights, checkpoints).
+
+    By suffix (`.onnx`, `.torchscript`, `.tflite`, `.mlpackage`, `.mlmodel`, `.engine`), by a folder's name
+    (`*_openvino_model`, `*_ncnn_model`) or by what the folder holds (an OpenVINO `.xml`, an ncnn `.param`); an
+    OpenVINO `.xml` or ncnn `.param` named directly counts too.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    by_suffix = {
+        ".onnx": "onnx", ".torchscript": "torchscript", ".tflite": "tflite", ".mlpackage": "coreml",
+        ".mlmodel": "coreml", ".engine": "engine", ".xml": "openvino", ".param": "ncnn",
+    }  # fmt: skip
+    if suffix in by_suffix:
+        return by_suffix[suffix]
+    if path.name.endswith(("_openvino_model", "_ncnn_model")):
+        return "openvino" if path.name.endswith("_openvino_model") else "ncnn"
+    return _dir_format(path) if path.is_dir() else None
+
+
+def output_path(folder: Path, stem: str, fmt: str, half: bool = False, int8: bool = False) -> Path:
+    """Where `format=<fmt>` writes by default: ultralytics' names (see the module docstring)."""
+    precision = "int8" if int8 else "fp16" if half else ""
+    if fmt == "openvino":
+        return folder / f"{stem}{'_' + precision if precision else ''}_openvino_model"
+    if fmt == "ncnn":
+        return folder / f"{stem}{'_' + precision if precision else ''}_ncnn_model"
+    if fmt == "tflite":
+        return folder / f"{stem}{'-' + precision if precision else ''}.tflite"
+    suffix = {"coreml": "mlpackage"}.get(fmt, fmt)
+    return folder / f"{stem}.{suffix}"
