@@ -118,12 +118,24 @@ def test_threads_come_back_when_the_neighbour_leaves(host):
 def test_slow_steps_end_a_measurement_early(host):
     host.step_s, host.waiting = {2: 30.0, 1: 3.0}, 1.5  # 30 s steps: a window of 6 would take 3 minutes
     cb, trainer = _start(max_seconds=10.0)
-    _steps(cb, trainer, host, 3)  # 2 measured steps, 60 s: decided
+    _steps(cb, trainer, host, 1)  # starts the clock
+    assert torch.get_num_threads() == 2
+    _steps(cb, trainer, host, 1)  # one measured step of 30 s: decided, the trial starts
+    assert torch.get_num_threads() == 1
+    _steps(cb, trainer, host, 4)  # 3 s steps: the trial's window ends after 4 of them (12 s), kept
+    assert cb.changes == [(6, 2, 1)]
+
+
+def test_slow_steps_end_the_warm_up_early(host):
+    # Beside a neighbour the first steps are slow too: waiting out 10 of them at 30 s would lose 5 minutes.
+    host.step_s, host.waiting = {2: 30.0, 1: 3.0}, 1.5
+    cb, trainer = _start(start_after=10, start_seconds=5.0, max_seconds=10.0)
+    _steps(cb, trainer, host, 3)  # the first ends the warm-up's clock start; the second took 30 s > 5 s
     assert torch.get_num_threads() == 1
 
 
 def test_the_first_steps_are_not_measured(host):
-    host.step_s, host.waiting = {2: 4.0, 1: 1.5}, 1.5
+    host.step_s, host.waiting = {2: 0.4, 1: 0.15}, 0.8  # 10 steps take 4 s: within start_seconds (5 s)
     cb, trainer = _start(start_after=10)
     _steps(cb, trainer, host, 10 + 1 + 5)
     assert torch.get_num_threads() == 2  # 5 measured steps: no decision yet

@@ -79,16 +79,18 @@ class CPUThreads(Callback):
         window: training steps per measurement, and per trial.
         start_after: training steps of a run (or a resumed run) before the first measurement: the first steps
             build the allocator's pools and oneDNN's primitives, and are slower than the rest.
-        max_seconds: a measurement ends sooner once its steps (at least 2) took this long: slow steps under heavy
-            contention are when a decision matters most.
+        start_seconds: the first measurement starts sooner once the steps before it took this long: under heavy
+            contention a step can take seconds, and every one of them at the wrong thread count is lost.
+        max_seconds: a measurement ends sooner once its steps took this long (a single step may): slow steps
+            under heavy contention are when a decision matters most.
         contended: run delay, in thread-seconds per second, above which fewer threads are tried.
         min_gain: relative improvement of the median step time that keeps a trial.
         verbose: print a line each time the thread count changes.
     """
 
     def __init__(
-        self, adaptive: bool = True, window: int = 6, start_after: int = 10, max_seconds: float = 10.0,
-        contended: float = 0.25, min_gain: float = 0.03, verbose: bool = True,
+        self, adaptive: bool = True, window: int = 6, start_after: int = 10, start_seconds: float = 5.0,
+        max_seconds: float = 3.0, contended: float = 0.25, min_gain: float = 0.03, verbose: bool = True,
     ) -> None:  # fmt: skip
         if int(window) < 2:
             raise ValueError(f"CPUThreads: window must be at least 2 steps, got {window!r}")
@@ -96,7 +98,9 @@ class CPUThreads(Callback):
         self.window = int(window)
         self.max_seconds = float(max_seconds)
         self.start_after = int(start_after)
+        self.start_seconds = float(start_seconds)
         self._seen = 0  # training steps of this fit
+        self._warm_from: float | None = None  # when this fit's first training step ended
         self.contended = float(contended)
         self.min_gain = float(min_gain)
         self.verbose = verbose
@@ -121,6 +125,7 @@ class CPUThreads(Callback):
         self._active = self.adaptive and trainer.strategy.root_device.type == "cpu" and self.ceiling > 1
         self._last = None
         self._seen = 0
+        self._warm_from = None
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -136,16 +141,20 @@ class CPUThreads(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._seen += 1
-        if not self._active or self._seen <= self.start_after:
+        if not self._active:
             return
+        self._seen += 1
         now = time.perf_counter()  # CPU operators are synchronous: the host clock is the step's time
+        if self._warm_from is None:
+            self._warm_from = now
+        if self._seen <= self.start_after and now - self._warm_from < self.start_seconds:
+            return
         if self._mark is None:
             self._mark = (now, run_delay_seconds(), idle_cores())
         if self._last is not None:
             self._times.append(now - self._last)  # fetch + step: what throughput is made of
         self._last = now
-        if len(self._times) >= self.window or (len(self._times) >= 2 and sum(self._times) >= self.max_seconds):
+        if len(self._times) >= self.window or (self._times and sum(self._times) >= self.max_seconds):
             self._decide(trainer.global_step, statistics.median(self._times), now)
             self._times.clear()
 
