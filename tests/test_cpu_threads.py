@@ -51,6 +51,7 @@ def _trainer() -> types.SimpleNamespace:
 
 def _steps(cb: CPUThreads, trainer, host: Host, n: int) -> None:
     for _ in range(n):
+        cb.on_train_batch_start(trainer, None, None, 0)
         host.advance()
         trainer.global_step += 1
         cb.on_train_batch_end(trainer, None, None, None, 0)
@@ -76,12 +77,12 @@ def test_a_neighbour_taking_a_core_moves_to_fewer_threads(host):
     # Two threads in lock-step beside a one-core load: each waits for a core 3/4 of the time; one thread is faster.
     host.step_s, host.waiting = {2: 4.0, 1: 1.5}, 1.5
     cb, trainer = _start()
-    _steps(cb, trainer, host, 1 + 6)  # the first step only starts the clock; 6 measured: the trial starts
+    _steps(cb, trainer, host, 6)  # one window of 6 steps measured: the trial starts
     assert torch.get_num_threads() == 1
     assert cb.changes == []
     _steps(cb, trainer, host, 6)  # the trial's window: faster, kept
     assert torch.get_num_threads() == 1
-    assert cb.changes == [(13, 2, 1)]
+    assert cb.changes == [(12, 2, 1)]
     _steps(cb, trainer, host, 60)  # still contended, but one thread is the floor
     assert torch.get_num_threads() == 1
     assert len(cb.changes) == 1
@@ -118,27 +119,27 @@ def test_threads_come_back_when_the_neighbour_leaves(host):
 def test_slow_steps_end_a_measurement_early(host):
     host.step_s, host.waiting = {2: 30.0, 1: 3.0}, 1.5  # 30 s steps: a window of 6 would take 3 minutes
     cb, trainer = _start(max_seconds=10.0)
-    _steps(cb, trainer, host, 1)  # starts the clock
-    assert torch.get_num_threads() == 2
-    _steps(cb, trainer, host, 1)  # one measured step of 30 s: decided, the trial starts
+    _steps(cb, trainer, host, 1)  # one step of 30 s: decided, the trial starts
     assert torch.get_num_threads() == 1
-    _steps(cb, trainer, host, 4)  # 3 s steps: the trial's window ends after 4 of them (12 s), kept
-    assert cb.changes == [(6, 2, 1)]
+    _steps(cb, trainer, host, 3)
+    assert cb.changes == []
+    _steps(cb, trainer, host, 1)  # 3 s steps: the trial's window ends after 4 of them (12 s), kept
+    assert cb.changes == [(5, 2, 1)]
 
 
 def test_slow_steps_end_the_warm_up_early(host):
     # Beside a neighbour the first steps are slow too: waiting out 10 of them at 30 s would lose 5 minutes.
     host.step_s, host.waiting = {2: 30.0, 1: 3.0}, 1.5
     cb, trainer = _start(start_after=10, start_seconds=5.0, max_seconds=10.0)
-    _steps(cb, trainer, host, 3)  # the first ends the warm-up's clock start; the second took 30 s > 5 s
+    _steps(cb, trainer, host, 1)  # the first step took 30 s > 5 s: it ends the warm-up and is measured
     assert torch.get_num_threads() == 1
 
 
 def test_the_first_steps_are_not_measured(host):
     host.step_s, host.waiting = {2: 0.4, 1: 0.15}, 0.8  # 10 steps take 4 s: within start_seconds (5 s)
     cb, trainer = _start(start_after=10)
-    _steps(cb, trainer, host, 10 + 1 + 5)
-    assert torch.get_num_threads() == 2  # 5 measured steps: no decision yet
+    _steps(cb, trainer, host, 10 + 5)
+    assert torch.get_num_threads() == 2  # 10 warm-up steps, then 5 measured: no decision yet
     _steps(cb, trainer, host, 1)
     assert torch.get_num_threads() == 1  # the trial
 

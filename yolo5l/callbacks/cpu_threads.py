@@ -79,8 +79,8 @@ class CPUThreads(Callback):
         window: training steps per measurement, and per trial.
         start_after: training steps of a run (or a resumed run) before the first measurement: the first steps
             build the allocator's pools and oneDNN's primitives, and are slower than the rest.
-        start_seconds: the first measurement starts sooner once the steps before it took this long: under heavy
-            contention a step can take seconds, and every one of them at the wrong thread count is lost.
+        start_seconds: the warm-up ends sooner once its steps took this long (the first step alone may): under
+            heavy contention a step can take many seconds, and every one at the wrong thread count is lost.
         max_seconds: a measurement ends sooner once its steps took this long (a single step may): slow steps
             under heavy contention are when a decision matters most.
         contended: run delay, in thread-seconds per second, above which fewer threads are tried.
@@ -100,7 +100,7 @@ class CPUThreads(Callback):
         self.start_after = int(start_after)
         self.start_seconds = float(start_seconds)
         self._seen = 0  # training steps of this fit
-        self._warm_from: float | None = None  # when this fit's first training step ended
+        self._warm_from: float | None = None  # when this fit's first training step started
         self.contended = float(contended)
         self.min_gain = float(min_gain)
         self.verbose = verbose
@@ -138,6 +138,15 @@ class CPUThreads(Callback):
         self._mark = None
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._active and self._last is None:  # the first step of a fit, an epoch, or after validation
+            self._restart(time.perf_counter())
+            if self._warm_from is None:
+                self._warm_from = self._last
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -145,18 +154,23 @@ class CPUThreads(Callback):
             return
         self._seen += 1
         now = time.perf_counter()  # CPU operators are synchronous: the host clock is the step's time
-        if self._warm_from is None:
-            self._warm_from = now
-        if self._seen <= self.start_after and now - self._warm_from < self.start_seconds:
+        if self._last is None:  # no batch start seen (a loop that skips the hook): this step starts the clock
+            self._restart(now)
             return
-        if self._mark is None:
-            self._mark = (now, run_delay_seconds(), idle_cores())
-        if self._last is not None:
-            self._times.append(now - self._last)  # fetch + step: what throughput is made of
+        warm = now - self._warm_from if self._warm_from is not None else 0.0
+        if self._seen <= self.start_after and warm < self.start_seconds:
+            self._restart(now)  # a warm-up step: the measurement starts after it
+            return
+        self._times.append(now - self._last)  # fetch + step: what throughput is made of
         self._last = now
-        if len(self._times) >= self.window or (self._times and sum(self._times) >= self.max_seconds):
+        if len(self._times) >= self.window or sum(self._times) >= self.max_seconds:
             self._decide(trainer.global_step, statistics.median(self._times), now)
             self._times.clear()
+
+    def _restart(self, now: float) -> None:
+        self._last = now
+        self._mark = (now, run_delay_seconds(), idle_cores())
+        self._times.clear()
 
     def _decide(self, step: int, median: float, now: float) -> None:
         wall0, delay0, idle0 = self._mark or (now, None, None)
