@@ -60,6 +60,7 @@ def _steps(cb: CPUThreads, trainer, host: Host, n: int) -> None:
 def _start(**kwargs) -> tuple[CPUThreads, types.SimpleNamespace]:
     kwargs.setdefault("max_seconds", 1e9)  # windows of exactly `window` steps unless a test says otherwise
     kwargs.setdefault("start_after", 0)
+    kwargs.setdefault("probe_seconds", 0.0)  # the start-up probe has tests of its own
     cb, trainer = CPUThreads(verbose=False, **kwargs), _trainer()
     cb.on_train_start(trainer, None)
     cb.on_train_epoch_start(trainer, None)
@@ -187,3 +188,55 @@ def test_scheduler_readings_on_this_machine():
     delay, idle = ct.run_delay_seconds(), ct.idle_cores()
     assert delay is None or delay >= 0.0
     assert idle is None or idle > 0.0
+
+
+def test_the_run_starts_at_the_cores_free_at_its_start(host, monkeypatch):
+    for free, threads in ((0.9, 1), (1.6, 2), (2.0, 2), (None, 2)):
+        monkeypatch.setattr(ct, "available_cores", lambda seconds, free=free: free)
+        torch.set_num_threads(2)
+        cb, trainer = _start(probe_seconds=0.25)
+        assert torch.get_num_threads() == threads
+        assert cb.changes == ([(0, 2, 1)] if threads == 1 else [])
+    # From one thread, idle cores later bring the second one back (a trial, kept when faster).
+    host.step_s, host.idle = {2: 0.8, 1: 1.5}, 1.0
+    monkeypatch.setattr(ct, "available_cores", lambda seconds: 1.0)
+    cb, trainer = _start(probe_seconds=0.25)
+    _steps(cb, trainer, host, 12)
+    assert torch.get_num_threads() == 2
+
+
+def test_available_cores_counts_idle_cores_and_the_process_own_work(monkeypatch):
+    clock = {"now": 0.0}
+    readings = iter([(10.0, 4.0), (10.3, 4.5)])  # (idle core-s, own CPU s) before and after a 0.5 s probe
+    pair = {}
+
+    def sleep(seconds):
+        clock["now"] += seconds
+
+    def idle(cpus=None):
+        pair["r"] = next(readings)
+        return pair["r"][0]
+
+    monkeypatch.setattr(ct.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(ct.time, "sleep", sleep)
+    monkeypatch.setattr(ct, "idle_cores", idle)
+    monkeypatch.setattr(ct, "own_cpu_seconds", lambda: pair["r"][1])
+    assert ct.available_cores(0.5) == pytest.approx((0.3 + 0.5) / 0.5)
+
+
+def test_own_cpu_seconds_counts_a_live_worker():
+    import subprocess
+    import sys
+
+    code = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+        "print('done', flush=True)\ntime.sleep(60)"
+    )
+    before = ct.own_cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"
+        assert ct.own_cpu_seconds() - before >= 0.45  # the worker's 0.5 CPU seconds, while it is alive
+    finally:
+        child.kill()
+        child.wait()

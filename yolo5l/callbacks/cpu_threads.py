@@ -15,7 +15,13 @@ median step time improves by `min_gain`; a trial that loses is retried later, at
 torch's thread count at the start of training (OMP_NUM_THREADS, Lightning's per-rank split under DDP) capped by the
 cores the process owns (its affinity mask and cgroup CPU quota: `yolo5l.hardware.owned_cores`).
 
-On a quiet machine no trial ever runs, so the thread count, and with it the results bit for bit, stay as they are.
+Before the first step it measures, for `probe_seconds`, how many cores are free (idle, or busy with this process and
+its workers) and starts at that many threads when fewer than the ceiling are: beside a job in another session (the
+kernel's autogroups share the cores between sessions, whatever their thread counts), a 2-thread step can take 20
+times longer than a 1-thread step, so even the first step at the wrong count costs more than the whole probe.
+
+On a quiet machine neither the probe nor a trial changes anything, so the thread count, and with it the results bit
+for bit, stay as they are.
 Under contention the thread count can change mid-run, and a reduction's rounding depends on the thread count: pass
 `callbacks.cpu_threads.adaptive=false` (or set OMP_NUM_THREADS) for bit-identical reruns on a shared machine.
 Only training on the CPU adapts: on an accelerator the host threads mostly launch kernels.
@@ -38,7 +44,7 @@ from typing_extensions import override
 
 from yolo5l.hardware import owned_cores
 
-__all__ = ["CPUThreads", "idle_cores", "run_delay_seconds"]
+__all__ = ["CPUThreads", "available_cores", "idle_cores", "own_cpu_seconds", "run_delay_seconds"]
 
 
 def run_delay_seconds(pid: int | str = "self") -> float | None:
@@ -71,6 +77,39 @@ def idle_cores(cpus: set[int] | None = None) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process and its live children (DataLoader workers), from `/proc`; None
+    without `/proc/self/stat`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = ["self"]
+    for task in Path("/proc/self/task").glob("*/children"):  # the kernel lists each thread's children
+        try:
+            pids += task.read_text().split()
+        except OSError:
+            continue
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+            seen = True
+        except (OSError, IndexError, ValueError):  # a worker that ended between the listing and the read
+            continue
+    return total / tick if seen else None
+
+
+def available_cores(seconds: float = 0.25) -> float | None:
+    """Cores this process could have used over the next `seconds`: the idle ones of its affinity mask plus those
+    its own threads and workers kept busy. Beside a job that keeps one core of two busy this is about 1; on a quiet
+    machine, the mask's size. None where `/proc` does not say."""
+    idle0, own0, t0 = idle_cores(), own_cpu_seconds(), time.perf_counter()
+    time.sleep(seconds)
+    idle1, own1, t1 = idle_cores(), own_cpu_seconds(), time.perf_counter()
+    if None in (idle0, idle1, own0, own1):
+        return None
+    return ((idle1 - idle0) + (own1 - own0)) / max(t1 - t0, 1e-9)
+
+
 class CPUThreads(Callback):
     """Adapt `torch.set_num_threads` to the cores a CPU training gets (see the module docstring).
 
@@ -85,12 +124,15 @@ class CPUThreads(Callback):
             under heavy contention are when a decision matters most.
         contended: run delay, in thread-seconds per second, above which fewer threads are tried.
         min_gain: relative improvement of the median step time that keeps a trial.
+        probe_seconds: at the start of training, how long the free cores are measured (0: not measured); the run
+            starts at that many threads when fewer than its ceiling are free.
         verbose: print a line each time the thread count changes.
     """
 
     def __init__(
         self, adaptive: bool = True, window: int = 6, start_after: int = 10, start_seconds: float = 5.0,
-        max_seconds: float = 3.0, contended: float = 0.25, min_gain: float = 0.03, verbose: bool = True,
+        max_seconds: float = 3.0, contended: float = 0.25, min_gain: float = 0.03, probe_seconds: float = 0.25,
+        verbose: bool = True,
     ) -> None:  # fmt: skip
         if int(window) < 2:
             raise ValueError(f"CPUThreads: window must be at least 2 steps, got {window!r}")
@@ -103,6 +145,7 @@ class CPUThreads(Callback):
         self._warm_from: float | None = None  # when this fit's first training step started
         self.contended = float(contended)
         self.min_gain = float(min_gain)
+        self.probe_seconds = float(probe_seconds)
         self.verbose = verbose
         self.ceiling = 1
         self._start_threads: int | None = None
@@ -126,6 +169,18 @@ class CPUThreads(Callback):
         self._last = None
         self._seen = 0
         self._warm_from = None
+        if self._active and self.probe_seconds > 0:
+            # Beside a job in another session (the kernel's autogroups share the cores between sessions), a step at
+            # too many threads can take 20x longer: start at the cores that are free now; trials go on from there.
+            free = available_cores(self.probe_seconds)
+            target = self.ceiling if free is None else max(1, min(self.ceiling, math.floor(free + 0.5)))
+            if target < torch.get_num_threads():
+                rank_zero_info(
+                    f"intra-op threads: {torch.get_num_threads()} -> {target} (about {free:.1f} of "
+                    f"{self.ceiling} cores free at the start)"
+                )
+                self.changes.append((trainer.global_step, torch.get_num_threads(), target))
+                torch.set_num_threads(target)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
