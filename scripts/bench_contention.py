@@ -179,9 +179,8 @@ def pairs(args: argparse.Namespace, work: Path) -> None:
         rows.setdefault("two runs started together", []).append(
             time.perf_counter() - t0 if not any(codes) else math.nan
         )
-        cmd = _yolo5l_cmd(
-            args, work / f"joblib{r}", "-m", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"
-        )
+        cmd = _yolo5l_cmd(args, work / f"joblib{r}", "seed=0,1", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2")
+        cmd.insert(3, "--multirun")  # before the overrides: Hydra's parser takes no option between them
         rec = timed(cmd, env, REPO, work / "joblib.log")
         rows.setdefault("a multirun of two jobs (joblib, n_jobs=2)", []).append(
             rec["wall_s"] if not rec["code"] else math.nan
