@@ -67,6 +67,22 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
         assert noise not in console, noise
 
 
+def test_the_command_line_ends_after_a_joblib_pool():
+    # Hydra's joblib launcher leaves loky's manager thread running; the interpreter stops it through the threading
+    # module's exit hooks before joining threads, and the command line's own ending must do the same, not hang.
+    pytest.importorskip("joblib")
+    code = (
+        "from joblib import Parallel, delayed\n"
+        "from yolo5l._cli import exit_without_heap_walk\n"
+        "print(Parallel(n_jobs=2, backend='loky')(delayed(abs)(-i) for i in range(4)), flush=True)\n"
+        "exit_without_heap_walk(0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
+    assert done.returncode == 0
+    assert done.stdout.strip() == "[0, 1, 2, 3]"
+    assert "leaked" not in done.stderr
+
+
 def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, monkeypatch):
     """The command line holds the cyclic GC off while it imports and builds, then freezes what it built and turns the
     collector back on before `fit`: training's own cycles (autograd graphs, exceptions) are collected as usual. After

@@ -82,7 +82,8 @@ def _exit_status(code: object) -> int:
 
 def exit_without_heap_walk(code: object = 0) -> NoReturn:
     """End the command line the way interpreter shutdown would, less its last walk of the heap and its teardown of
-    every module: join the threads that are not daemons, run the `atexit` handlers (loggers, DataLoader workers,
+    every module: run the threading module's exit hooks and join the threads that are not daemons, run the `atexit`
+    handlers (loggers, DataLoader workers,
     temporary folders, Hydra's job log), flush stdout and stderr, then `os._exit`.
 
     What is skipped frees memory the OS takes back anyway: the run's objects (the collector would walk all ~770,000
@@ -93,10 +94,15 @@ def exit_without_heap_walk(code: object = 0) -> NoReturn:
     each write; the loggers flush in their `finalize`).
     """
     status = _exit_status(code)
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon and thread.is_alive():
-            thread.join()
+    # What the interpreter's own shutdown does first: the threading module's exit hooks (executors such as
+    # joblib's loky stop their manager threads there), then a join of the threads that are not daemons.
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon and thread.is_alive():
+                thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         # closed, detached or replaced by None: nothing to flush
