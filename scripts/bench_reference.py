@@ -23,6 +23,7 @@ minutes; PyPI only), from the repository root:
     python3.11 -m venv .refvenv
     .refvenv/bin/pip install torch==X torchvision==Y  # X, Y: the versions in yolo5l's venv (same kernels)
     .refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'  # pkg_resources; np.trapz
+    .refvenv/bin/pip install onnxruntime 'openvino<2026' ai-edge-litert  # only for tests/test_deploy_dropin.py
 
 (a missing environment makes the script print these lines with X and Y filled in; ``--ref-python`` points at a
 reference venv elsewhere).
