@@ -283,6 +283,34 @@ def test_bad_arguments_are_refused():
         PreemptionCheckpoint(check_every_n_steps=0)
 
 
+def test_a_forked_process_still_ends_on_sigterm():
+    # A process forked while the handler is installed (a multiprocessing pool started during a fit, or after one
+    # that ended in an exception) and then terminated with SIGTERM must end, not defer the signal as the training
+    # process does: Pool.terminate() would wait for it forever.
+    import multiprocessing as mp
+    import time
+    import types
+
+    from yolo5l.callbacks.preemption import PreemptionCheckpoint
+
+    cb = PreemptionCheckpoint()
+    cb._install(types.SimpleNamespace(strategy=types.SimpleNamespace(launcher=None)))
+    try:
+        child = mp.get_context("fork").Process(target=time.sleep, args=(120,))
+        child.start()
+        time.sleep(0.5)
+        child.terminate()
+        child.join(timeout=30)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+            child.join()
+        assert not alive
+        assert child.exitcode == -signal.SIGTERM
+    finally:
+        cb._uninstall()
+
+
 def test_slurm_requeue_after_the_checkpoint(tmp_path, monkeypatch):
     """Lightning's SLURM environment with auto-requeue: the requeue signal requeues the job (scontrol, here a stub
     that records its arguments); SIGTERM or auto_requeue=False does not."""

@@ -138,8 +138,13 @@ class PreemptionCheckpoint(Checkpoint):
 
     # ---- signals -------------------------------------------------------------------------------------------------
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:
-            return  # a DataLoader worker forked while this handler was installed: the main process decides
+        if os.getpid() != self._pid:  # a process forked while this handler was installed
+            from torch.utils.data import get_worker_info
+
+            if get_worker_info() is not None:
+                return  # a DataLoader worker (before its init made it ignore the signal): the main process decides
+            self._pass_on(signum, frame)  # anything else (a multiprocessing pool's worker): as if never installed
+            return
         if not self._active:
             self._pass_on(signum, frame)
             return
