@@ -57,8 +57,21 @@ def ciou_fwd(t: Tensor, eps: float, alpha: Tensor | None = None) -> tuple[Tensor
 
 
 def ciou_bwd(
-    g: Tensor, lo: Tensor, hi: Tensor, wh: Tensor, iwh_raw: Tensor, iwh: Tensor, union: Tensor, iou: Tensor,
-    cwh: Tensor, rc2: Tensor, rho2: Tensor, d: Tensor, hh: Tensor, dang: Tensor, alpha: Tensor,
+    g: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    wh: Tensor,
+    iwh_raw: Tensor,
+    iwh: Tensor,
+    union: Tensor,
+    iou: Tensor,
+    cwh: Tensor,
+    rc2: Tensor,
+    rho2: Tensor,
+    d: Tensor,
+    hh: Tensor,
+    dang: Tensor,
+    alpha: Tensor,
 ) -> Tensor:
     """Analytic backward of :func:`ciou_fwd`.
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 _BLOCK = 1024
 
+
 @triton.jit
 def _atan(x):
     # Cephes atanf: reduce |x| to [0, tan(pi/8)], then an odd degree-9 minimax polynomial.
@@ -34,10 +35,12 @@ def _atan(x):
     r = y0 + (p + xr)
     return tl.where(x < 0, -r, r)
 
+
 @triton.jit
 def _min_w(a, b):
     # Weight of `a` in min(a, b) under torch autograd: 1 if a < b, 0.5 at ties, 0 otherwise.
     return tl.where(a < b, 1.0, tl.where(a == b, 0.5, 0.0))
+
 
 @triton.jit
 def _load_xywh(ptr, offs, m):
@@ -47,6 +50,7 @@ def _load_xywh(ptr, offs, m):
     w = tl.load(ptr + offs * 4 + 2, mask=m, other=1.0).to(tl.float32)
     h = tl.load(ptr + offs * 4 + 3, mask=m, other=1.0).to(tl.float32)
     return x, y, w, h
+
 
 @triton.jit
 def _ciou_fwd_kernel(b1_ptr, b2_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
@@ -72,6 +76,7 @@ def _ciou_fwd_kernel(b1_ptr, b2_ptr, out_ptr, n, eps, BLOCK: tl.constexpr):
     alpha = v / tl.maximum(v - iou + (1.0 + eps), eps)
     ciou = iou - (rho2 / c2 + alpha * v)
     tl.store(out_ptr + offs, ciou.to(out_ptr.dtype.element_ty), mask=m)
+
 
 @triton.jit
 def _ciou_bwd_kernel(b1_ptr, b2_ptr, g_ptr, g1_ptr, g2_ptr, n, eps, BLOCK: tl.constexpr):

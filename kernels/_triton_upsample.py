@@ -21,9 +21,22 @@ _BLOCK = 1024
 
 @triton.jit
 def _up2x_kernel(
-    src_ptr, dst_ptr, total, C, H, W,
-    s_n, s_c, s_h, s_w, d_n, d_c, d_h, d_w,
-    BACKWARD: tl.constexpr, BLOCK: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    total,
+    C,
+    H,
+    W,
+    s_n,
+    s_c,
+    s_h,
+    s_w,
+    d_n,
+    d_c,
+    d_h,
+    d_w,
+    BACKWARD: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < total

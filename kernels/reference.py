@@ -49,8 +49,18 @@ def xyxy_to_xywh(boxes: Tensor) -> Tensor:
 
 
 def _ciou_from_parts(
-    b1_x1: Tensor, b1_y1: Tensor, b1_x2: Tensor, b1_y2: Tensor, w1: Tensor, h1: Tensor,
-    b2_x1: Tensor, b2_y1: Tensor, b2_x2: Tensor, b2_y2: Tensor, w2: Tensor, h2: Tensor,
+    b1_x1: Tensor,
+    b1_y1: Tensor,
+    b1_x2: Tensor,
+    b1_y2: Tensor,
+    w1: Tensor,
+    h1: Tensor,
+    b2_x1: Tensor,
+    b2_y1: Tensor,
+    b2_x2: Tensor,
+    b2_y2: Tensor,
+    w2: Tensor,
+    h2: Tensor,
     eps: float,
 ) -> Tensor:
     # Intersection through clamp, not masks (no host sync, compile-friendly).
@@ -101,8 +111,18 @@ def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = EPS) -> Tensor:
     x2, y2, w2, h2 = box2.unbind(-1)
     w1_, h1_, w2_, h2_ = w1 / 2, h1 / 2, w2 / 2, h2 / 2
     return _ciou_from_parts(
-        x1 - w1_, y1 - h1_, x1 + w1_, y1 + h1_, w1, h1,
-        x2 - w2_, y2 - h2_, x2 + w2_, y2 + h2_, w2, h2,
+        x1 - w1_,
+        y1 - h1_,
+        x1 + w1_,
+        y1 + h1_,
+        w1,
+        h1,
+        x2 - w2_,
+        y2 - h2_,
+        x2 + w2_,
+        y2 + h2_,
+        w2,
+        h2,
         eps,
     )
 
@@ -123,7 +143,17 @@ def ciou_xyxy(box1: Tensor, box2: Tensor, eps: float = EPS) -> Tensor:
     b1_x1, b1_y1, b1_x2, b1_y2 = box1.unbind(-1)
     b2_x1, b2_y1, b2_x2, b2_y2 = box2.unbind(-1)
     return _ciou_from_parts(
-        b1_x1, b1_y1, b1_x2, b1_y2, b1_x2 - b1_x1, b1_y2 - b1_y1,
-        b2_x1, b2_y1, b2_x2, b2_y2, b2_x2 - b2_x1, b2_y2 - b2_y1,
+        b1_x1,
+        b1_y1,
+        b1_x2,
+        b1_y2,
+        b1_x2 - b1_x1,
+        b1_y2 - b1_y1,
+        b2_x1,
+        b2_y1,
+        b2_x2,
+        b2_y2,
+        b2_x2 - b2_x1,
+        b2_y2 - b2_y1,
         eps,
     )

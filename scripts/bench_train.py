@@ -444,7 +444,7 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
     from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
     from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.hardware import tune_host_memory
+    from yolo5l.hostmem import tune_malloc
     from yolo5l.models.yolo import YOLOv5
 
     device = args.device
@@ -480,7 +480,8 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
             output_dir=f"{tmp}/cfg",
         )
         module = instantiate(cfg.module, model=model, names=dm.names, _convert_="all")
-        tune_host_memory(opts.malloc)
+        if opts.malloc:
+            tune_malloc()
         timer = _timer_callback(args.warmup, args.profile)
         callbacks = [
             EMACallback(foreach=opts.ema_foreach),

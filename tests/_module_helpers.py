@@ -14,15 +14,25 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from yolo5l.loss import YOLOv5Loss
-from yolo5l.metrics import COCOMap, DetectionMAP
+from yolo5l.coco_map import COCOMap
+from yolo5l.loss import YOLOv5Loss, loss_args
+from yolo5l.metrics import DetectionMAP
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.module import YOLOv5Module
 from yolo5l.optim import LinearLR
 
 HYP = {
-    "lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 0.0005, "warmup_epochs": 3.0,
-    "warmup_momentum": 0.8, "warmup_bias_lr": 0.1, "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0,
+    "lr0": 0.01,
+    "lrf": 0.01,
+    "momentum": 0.937,
+    "weight_decay": 0.0005,
+    "warmup_epochs": 3.0,
+    "warmup_momentum": 0.8,
+    "warmup_bias_lr": 0.1,
+    "box": 0.05,
+    "cls": 0.5,
+    "obj": 1.0,
+    "anchor_t": 4.0,
 }
 IMGSZ = 64
 
@@ -82,7 +92,7 @@ def tiny_module(
     model = YOLOv5(num_classes=2, depth=0.33, width=0.125) if model is None else model
     return YOLOv5Module(
         model,
-        loss=partial(YOLOv5Loss.from_model, hyp=HYP, imgsz=IMGSZ, ciou_backend=ciou_backend),
+        loss=partial(YOLOv5Loss.from_model, imgsz=IMGSZ, ciou_backend=ciou_backend, **loss_args(HYP)),
         optimizer=partial(torch.optim.SGD, lr=HYP["lr0"], momentum=HYP["momentum"], nesterov=True),
         scheduler=partial(LinearLR, lrf=HYP["lrf"]),
         metric=DetectionMAP() if map_backend == "yolov5" else COCOMap(),
@@ -99,10 +109,15 @@ def tiny_module(
 def make_trainer(tmp_path, callbacks=(), **kw) -> pl.Trainer:
     """A quiet single-device CPU trainer for 2 epochs; checkpointing on only when a callback has a `dirpath`."""
     args = {
-        "accelerator": "cpu", "devices": 1, "max_epochs": 2, "logger": False, "enable_progress_bar": False,
-        "enable_model_summary": False, "num_sanity_val_steps": 0, "default_root_dir": str(tmp_path),
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 2,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "default_root_dir": str(tmp_path),
         "enable_checkpointing": any(hasattr(c, "dirpath") for c in callbacks),
     }
     args.update(kw)
     return pl.Trainer(callbacks=list(callbacks), **args)
-

@@ -18,8 +18,10 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from yolo5l.data.augment import FILL, box_candidates, copy_paste_boxes, flip_lr, flip_ud, mixup
+from yolo5l.data.augment import box_candidates, flip_lr, flip_ud
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
+from yolo5l.data.letterbox import FILL
+from yolo5l.data.mosaic import copy_paste_boxes, mixup
 
 
 def reference_augment_hsv(

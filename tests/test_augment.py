@@ -11,6 +11,8 @@ import pytest
 from _reference_augment import reference_augment_hsv
 
 from yolo5l.data import augment as aug
+from yolo5l.data import letterbox as lbx
+from yolo5l.data import mosaic as mos
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.label_scan import LabelIndex, ScanReport
@@ -124,7 +126,7 @@ def test_mosaic4_labels_on_their_quadrant_content():
         labels.append(np.concatenate([[[k]], xyxy_to_xywhn(b[None], w, h, clip=False)], 1))
         expect_colour.append(k)
     for center in [(160, 160), (100, 230), (230, 90)]:
-        canvas, lab = aug.mosaic4(images, [lb.astype(np.float32) for lb in labels], s, center)
+        canvas, lab = mos.mosaic4(images, [lb.astype(np.float32) for lb in labels], s, center)
         assert canvas.shape == (2 * s, 2 * s, 3)
         assert (lab[:, 1:] >= 0).all()
         assert (lab[:, 1:] <= 2 * s).all()
@@ -165,7 +167,7 @@ def test_letterbox_shapes_round_trip(shape, target):
     h0, w0 = shape
     boxes = np.array([[w0 * 0.1, h0 * 0.2, w0 * 0.5, h0 * 0.6]]).round()
     img = render(h0, w0, boxes, [2])
-    out, (rh, rw), (pw, ph) = aug.letterbox(img, target, scaleup=False)
+    out, (rh, rw), (pw, ph) = lbx.letterbox(img, target, scaleup=False)
     th, tw = (target, target) if isinstance(target, int) else target
     assert out.shape == (th, tw, 3)
     assert out[0, 0].tolist() == [114, 114, 114] or (pw == 0 and ph == 0)
@@ -179,7 +181,7 @@ def test_letterbox_shapes_round_trip(shape, target):
 
 def test_rect_batch_shapes_hand_values():
     shapes = np.array([[100, 200], [200, 100], [150, 150]])  # h/w = 0.5, 2, 1
-    order, bs = aug.rect_batch_shapes(shapes, batch_size=2, imgsz=320)
+    order, bs = lbx.rect_batch_shapes(shapes, batch_size=2, imgsz=320)
     assert order.tolist() == [0, 2, 1]
     # batch 0: h/w in [0.5, 1] -> [1, 1] -> ceil(10 + 0.5) * 32 = 352; batch 1: h/w = 2 -> [1, 0.5] -> [352, 192]
     assert bs.tolist() == [[352, 352], [352, 192]]
@@ -251,7 +253,7 @@ def test_mixup_blend():
     np.random.seed(5)
     a, b = np.full((8, 8, 3), 100, np.uint8), np.full((8, 8, 3), 200, np.uint8)
     la, lb = np.ones((2, 5), np.float32), np.zeros((1, 5), np.float32)
-    out, lab = aug.mixup(a, la, b, lb)
+    out, lab = mos.mixup(a, la, b, lb)
     assert (out == np.uint8(100 * r + 200 * (1 - r))).all()
     assert len(lab) == 3
 
@@ -260,12 +262,12 @@ def test_copy_paste_boxes():
     random.seed(0)
     boxes = np.array([[10, 20, 50, 60]], float)
     img = render(100, 200, boxes, [4])
-    out, lab = aug.copy_paste_boxes(img.copy(), np.array([[4, 10, 20, 50, 60]], np.float32), p=1.0)
+    out, lab = mos.copy_paste_boxes(img.copy(), np.array([[4, 10, 20, 50, 60]], np.float32), p=1.0)
     assert len(lab) == 2
     np.testing.assert_allclose(lab[1], [4, 150, 20, 190, 60])
     assert_tight(out, lab, tol=1e-4)
     # a centred box overlaps its own mirror (IoA >= 0.3): nothing pasted
-    _, lab = aug.copy_paste_boxes(img.copy(), np.array([[4, 80, 20, 120, 60]], np.float32), p=1.0)
+    _, lab = mos.copy_paste_boxes(img.copy(), np.array([[4, 80, 20, 120, 60]], np.float32), p=1.0)
     assert len(lab) == 1
 
 

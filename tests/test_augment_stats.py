@@ -18,6 +18,7 @@ from _reference_augment import (
 from torch.utils.data import DataLoader
 
 from yolo5l.data import augment as aug
+from yolo5l.data import letterbox as lbx
 from yolo5l.data.dataset import YOLODataset, sample_rng
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.label_scan import scan_labels
@@ -70,7 +71,7 @@ def seam_band(ds: YOLODataset, index: int, key) -> np.ndarray:
     # the oracle's own placement, painted with region ids (the fill keeps its value, 114)
     ids = [np.full((*ds.load_image(i)[0].shape[:2], 1), k, np.uint8) for k, i in enumerate(idx)]
     region, _ = reference_mosaic4(ids, [np.zeros((0, 5), np.float32)] * 4, S, (xc, yc))
-    region = np.pad(region[..., 0], 2, constant_values=aug.FILL)  # outside the canvas reads as fill
+    region = np.pad(region[..., 0], 2, constant_values=lbx.FILL)  # outside the canvas reads as fill
     mixed = np.zeros_like(region, bool)  # canvas pixel (x, y) whose 2x2 block {x, x+1} x {y, y+1} is not uniform
     mixed[:-1, :-1] = (region[:-1, :-1] != region[1:, :-1]) | (region[:-1, :-1] != region[:-1, 1:])
     mixed[:-1, :-1] |= region[:-1, :-1] != region[1:, 1:]
@@ -186,7 +187,7 @@ class PixelMoments:
         self.n += len(px)
         self.sum += px.sum(0, dtype=np.float64)
         self.sq += np.einsum("ij,ij->j", px, px, dtype=np.float64)
-        self.fill += int((px == aug.FILL).all(1).sum())
+        self.fill += int((px == lbx.FILL).all(1).sum())
 
     def stats(self) -> tuple[np.ndarray, np.ndarray, float]:
         mean = self.sum / self.n

@@ -81,8 +81,9 @@ def _random_pred(b=3, n=60, c=4, size=64.0):
 @pytest.mark.parametrize("agnostic", [False, True])
 def test_nms_matches_naive_loop(multi_label, agnostic):
     pred = _random_pred()
-    got = non_max_suppression(pred, conf_thres=0.1, iou_thres=0.45, multi_label=multi_label, agnostic=agnostic,
-                              max_det=25)
+    got = non_max_suppression(
+        pred, conf_thres=0.1, iou_thres=0.45, multi_label=multi_label, agnostic=agnostic, max_det=25
+    )
     want = _naive_nms(pred, 0.1, 0.45, multi_label, 25, agnostic)
     assert len(got) == 3
     for g, w in zip(got, want):
@@ -123,12 +124,16 @@ def test_nms_looks_past_the_best_candidates_until_max_det_survive():
 
 def test_nms_hand_case_and_limits():
     # two heavily overlapping boxes of class 0 and one of class 1 at the same place; one low-objectness box
-    pred = torch.tensor([[
-        [50.0, 50.0, 20.0, 20.0, 0.9, 1.0, 0.0],
-        [51.0, 50.0, 20.0, 20.0, 0.8, 1.0, 0.0],
-        [50.0, 50.0, 20.0, 20.0, 0.7, 0.0, 1.0],
-        [10.0, 10.0, 4.0, 4.0, 0.0005, 1.0, 0.0],
-    ]])
+    pred = torch.tensor(
+        [
+            [
+                [50.0, 50.0, 20.0, 20.0, 0.9, 1.0, 0.0],
+                [51.0, 50.0, 20.0, 20.0, 0.8, 1.0, 0.0],
+                [50.0, 50.0, 20.0, 20.0, 0.7, 0.0, 1.0],
+                [10.0, 10.0, 4.0, 4.0, 0.0005, 1.0, 0.0],
+            ]
+        ]
+    )
     (out,) = non_max_suppression(pred, conf_thres=0.001, iou_thres=0.6)
     want = torch.tensor([[40.0, 40.0, 60.0, 60.0, 0.9, 0.0], [40.0, 40.0, 60.0, 60.0, 0.7, 1.0]])
     torch.testing.assert_close(out, want)

@@ -15,11 +15,11 @@ import torch
 
 from yolo5l.data import cache as cache_mod
 from yolo5l.data import layout
-from yolo5l.data.augment import resize_long_side
 from yolo5l.data.cache import ImageCache
 from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.images import read_image
 from yolo5l.data.label_scan import LabelIndex, ScanReport
+from yolo5l.data.letterbox import resize_long_side
 from yolo5l.data.synthetic import render_sample
 
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from _clock import FakeClock, SlowItems
+from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
@@ -65,7 +66,7 @@ def test_ema_skips_micro_batches_without_a_step():
 
 def test_ema_decay_ramp_values():
     cb = EMACallback()  # 0.9999, tau 2000
-    assert cb.decay_at(100) == pytest.approx(0.9999 * (1 - 2.718281828459045 ** -0.05))
+    assert cb.decay_at(100) == pytest.approx(0.9999 * (1 - 2.718281828459045**-0.05))
     assert cb.decay_at(100) == pytest.approx(0.0488, abs=1e-4)
     assert cb.decay_at(1000) == pytest.approx(0.3934, abs=1e-4)
     assert cb.decay_at(2000) == pytest.approx(0.6321, abs=1e-4)
@@ -186,10 +187,10 @@ class _WatchBest(pl.Callback):
         self.best_file[epoch] = (hashlib.sha256(self.best.read_bytes()).hexdigest(), st.st_ino, st.st_mtime_ns)
 
 
-def _last_checkpoint_state(path):
+def _best_record(path):
+    """A checkpoint's epoch and the module's best-fitness record in it."""
     ckpt = torch.load(path, weights_only=True)
-    (key,) = [k for k in ckpt["callbacks"] if k.startswith("LastCheckpoint")]
-    return ckpt["epoch"], ckpt["callbacks"][key]
+    return ckpt["epoch"], ckpt["yolo5l_best"]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -213,10 +214,10 @@ def test_best_checkpoint_and_best_fitness_across_a_resume(tmp_path, tiny_module,
     assert w1.best_file[1] != w1.best_file[0]
     top = max(w1.fitness.values())
     assert first.best_fitness == pytest.approx(top)
-    epoch, state = _last_checkpoint_state(best)
-    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))
-    epoch, state = _last_checkpoint_state(last)
-    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))  # what a resume restores
+    epoch, state = _best_record(best)
+    assert (epoch, state["fitness"]) == (1, pytest.approx(top))
+    epoch, state = _best_record(last)
+    assert (epoch, state["fitness"]) == (1, pytest.approx(top))  # what a resume restores
 
     # resumed from last.ckpt to 3 epochs with a new callback; epoch 2 scores below the best
     second, w2 = fit(3, [0.4], ckpt_path=last)
@@ -224,10 +225,10 @@ def test_best_checkpoint_and_best_fitness_across_a_resume(tmp_path, tiny_module,
     assert w2.fitness == {2: pytest.approx(0.4)}
     assert w2.best_file[2] == w1.best_file[1]  # no improvement: best.ckpt is the first run's epoch 1, untouched
     assert second.best_fitness == pytest.approx(top)
-    epoch, state = _last_checkpoint_state(best)
-    assert (epoch, state["best_fitness"]) == (1, pytest.approx(top))
-    epoch, state = _last_checkpoint_state(last)
-    assert (epoch, state["best_fitness"]) == (2, pytest.approx(top))
+    epoch, state = _best_record(best)
+    assert (epoch, state["fitness"]) == (1, pytest.approx(top))
+    epoch, state = _best_record(last)
+    assert (epoch, state["fitness"]) == (2, pytest.approx(top))
 
 
 class _Boom:
@@ -255,9 +256,17 @@ class _ValRecorder(pl.Callback):
 
 def _boring_trainer(tmp_path, cbs, max_epochs):
     return pl.Trainer(
-        accelerator="cpu", max_epochs=max_epochs, callbacks=cbs, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path, limit_train_batches=2,
-        limit_val_batches=1, enable_checkpointing=False,
+        accelerator="cpu",
+        max_epochs=max_epochs,
+        callbacks=cbs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        enable_checkpointing=False,
     )
 
 
@@ -271,20 +280,14 @@ def test_val_every_n_epochs(tmp_path):
         ValEveryNEpochs(0)
 
 
-class _SlowData(RandomDataset):
-    def __getitem__(self, i):
-        import time
-
-        time.sleep(0.03)
-        return super().__getitem__(i)
-
-
 def test_throughput_monitor_warns_on_slow_data(tmp_path):
+    clock = FakeClock()
+
     class Model(BoringModel):
         def train_dataloader(self):
-            return DataLoader(_SlowData(32, 16), batch_size=2)
+            return DataLoader(SlowItems(clock, 0.03, 16), batch_size=2)  # 0.06 s of data a batch, steps take none
 
-    mon = ThroughputMonitor(warn_above=0.10, verbose=False)
+    mon = ThroughputMonitor(warn_above=0.10, verbose=False, clock=clock)
     with pytest.warns(UserWarning, match="num_workers"):
         _boring_trainer(tmp_path, [mon], 1).fit(Model())
     assert mon.last["data_wait"] > 0.5
@@ -300,8 +303,8 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from yolo5l.annotate import BOX_COLOR, draw_batch
     from yolo5l.callbacks import BatchPlotter
-    from yolo5l.callbacks.batch_plotter import BOX_COLOR, draw_batch
 
     logger = TensorBoardLogger(tmp_path, name="", version="")
     tr = make_trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)

@@ -25,7 +25,7 @@ from test_weights import YOLOV5S_YAML, _pickle_globals, _randomize, _ultralytics
 from yolo5l.config import compose_config
 from yolo5l.convert import main as convert_main
 from yolo5l.errors import UserError
-from yolo5l.loss import YOLOv5Loss
+from yolo5l.loss import YOLOv5Loss, loss_args
 from yolo5l.model_source import build_model, check_stride
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.weights import UnsafeCheckpointError, load_checkpoint, load_ultralytics, load_weights
@@ -237,7 +237,7 @@ def test_p6_file_gives_identical_outputs_and_loss(files):
     for h, r in zip(heads, ref_heads, strict=True):
         torch.testing.assert_close(h, r, rtol=1e-4, atol=1e-4)
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.6], [1, 3, 0.3, 0.7, 0.9, 0.8], [1, 0, 0.1, 0.2, 0.05, 0.07]])
-    loss = YOLOv5Loss.from_model(model, HYP, imgsz=192)
+    loss = YOLOv5Loss.from_model(model, 192, **loss_args(HYP))
     total, items = loss([h.detach() for h in heads], targets)
     ref_total, ref_items = oracle_loss(
         list(ref_heads), targets, model.anchors, 80, balance=(4.0, 1.0, 0.25, 0.06), imgsz=192

@@ -42,7 +42,7 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     for name in ("checkpoints/last.ckpt", "checkpoints/weights.pt", "metrics.csv", ".hydra/config.yaml"):
         assert (run / name).is_file(), name
         assert str(run / name) in r.stdout  # the summary names every output
-    # Everything written before exit is complete on disk (the CLI exits without the collector's shutdown walk).
+    # Everything written before exit is complete on disk.
     (events,) = run.glob("events.out.tfevents.*")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -61,21 +61,24 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     console = r.stdout + r.stderr
     assert any(ln.startswith("epoch 0/1  box ") and "  P " in ln and "images/s" in ln for ln in r.stdout.splitlines())
     assert "best (epoch 0): P " in r.stdout
-    # nanobind (triton's bindings, which torch imports) lists "leaked" objects at shutdown when the collector has
-    # frozen them: the command line ends without that shutdown (yolo5l._cli.exit_without_heap_walk).
+    # nanobind (triton's bindings, which torch imports) lists "leaked" objects at shutdown when objects are still
+    # frozen then: the work block (yolo5l._cli.running) hands them back to the collector before the command ends.
     for noise in ("Tip: For seamless cloud logging", "LeafSpec", "not supported by the model summary", "nanobind"):
         assert noise not in console, noise
 
 
 def test_the_command_line_ends_after_a_joblib_pool():
     # Hydra's joblib launcher leaves loky's manager thread running; the interpreter stops it through the threading
-    # module's exit hooks before joining threads, and the command line's own ending must do the same, not hang.
+    # module's exit hooks before joining threads: a command that ran one ends, without hanging or a leak report.
     pytest.importorskip("joblib")
     code = (
         "from joblib import Parallel, delayed\n"
-        "from yolo5l._cli import exit_without_heap_walk\n"
-        "print(Parallel(n_jobs=2, backend='loky')(delayed(abs)(-i) for i in range(4)), flush=True)\n"
-        "exit_without_heap_walk(0)\n"
+        "from yolo5l._cli import run_entry_point, running\n"
+        "from yolo5l.train import main  # as pip's console script: the command line\n"
+        "def work():\n"
+        "    with running():\n"
+        "        print(Parallel(n_jobs=2, backend='loky')(delayed(abs)(-i) for i in range(4)), flush=True)\n"
+        "run_entry_point(work, 'train')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
     assert done.returncode == 0
@@ -126,8 +129,10 @@ def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, mon
     assert seen["after"] == frozen_before  # handed back when the run ends
     assert seen["exit"] == frozen_before  # called from code (not the command line), main() returns with none frozen
     # Outside the command line (a notebook), the collector is left as it is.
-    tr.resume_gc()
-    assert gc.get_freeze_count() == 0
+    from yolo5l._cli import running
+
+    with running():
+        assert gc.get_freeze_count() == 0
 
 
 MISTAKES = [

@@ -80,7 +80,10 @@ def test_default_config_composes_and_resolves(tmp_path):
     assert cfg.module.compile is False
     # The module's keys are one hop from the hyperparameters they feed.
     assert (cfg.module.optimizer.lr, cfg.module.weight_decay) == (cfg.hyp.lr0, cfg.hyp.weight_decay)
-    assert (cfg.data.hyp, cfg.data.seed) == (cfg.hyp, cfg.seed)
+    assert {k: cfg.data.hyp[k] for k in cfg.data.hyp} == {k: cfg.hyp[k] for k in cfg.data.hyp}  # augmentation keys
+    assert cfg.data.seed == cfg.seed
+    assert {"lr0", "box", "iou_t"}.isdisjoint(cfg.data.hyp)  # the data gets its own keys only
+    assert (cfg.module.loss.box, cfg.module.loss.anchor_t) == (cfg.hyp.box, cfg.hyp.anchor_t)
     # ${hydra:runtime.output_dir} resolves to the requested folder everywhere it is used.
     out = str((tmp_path / "run").absolute())
     assert cfg.trainer.default_root_dir == out
@@ -191,7 +194,8 @@ def test_every_data_preset_composes(tmp_path, name):
 
 
 def test_data_and_module_instantiate_from_the_config_alone(tmp_path):
-    from yolo5l.metrics import COCOMap, DetectionMAP
+    from yolo5l.coco_map import COCOMap
+    from yolo5l.metrics import DetectionMAP
     from yolo5l.optim import CosineLR
 
     cfg = compose_config(
@@ -249,13 +253,20 @@ def test_precision_auto_rule(monkeypatch):
     assert hardware.resolve_precision("auto", "cpu") == "32-true"
 
 
-def test_trainer_policy_resolves_only_auto_values():
-    cpu = hardware.trainer_policy({"accelerator": "cpu", "precision": 32, "benchmark": None, "deterministic": None})
-    assert cpu == {"precision": 32, "benchmark": False, "deterministic": True}
-    given = hardware.trainer_policy({"accelerator": "cpu", "precision": 32, "benchmark": True, "deterministic": False})
-    assert given == {"precision": 32, "benchmark": True, "deterministic": False}
-    exact_gpu = hardware.trainer_policy({"accelerator": "cuda", "precision": 32, "deterministic": True})
-    assert exact_gpu["benchmark"] is False  # the autotuner's timing-based choice would break the repeatability
+def test_trainer_defaults_say_what_auto_means(tmp_path, monkeypatch):
+    """conf/trainer/default.yaml resolves precision, deterministic and benchmark by the machine's accelerator
+    (yolo5l.resolvers); a value given on the command line is used as given."""
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
+    cpu = compose_config(["trainer.accelerator=cpu"], output_dir=tmp_path / "cpu").trainer
+    assert (cpu.precision, cpu.deterministic, cpu.benchmark) == ("32-true", True, False)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    assert cpu.precision == "bf16-mixed"  # resolved when read
+    gpu = compose_config(["trainer.accelerator=cuda"], output_dir=tmp_path / "gpu").trainer
+    assert (gpu.precision, gpu.deterministic, gpu.benchmark) == ("16-mixed", False, True)
+    exact = compose_config(["trainer.accelerator=cuda", "trainer.deterministic=true"], output_dir=tmp_path / "x")
+    assert exact.trainer.benchmark is False  # the autotuner's timing-based choice would break the repeatability
+    given = compose_config(["trainer.precision=32", "trainer.benchmark=true"], output_dir=tmp_path / "given").trainer
+    assert (given.precision, given.benchmark) == (32, True)
 
 
 def test_loader_workers_rule():

@@ -3,12 +3,12 @@ throughput of the training batches alone, and a data-wait hint given once."""
 
 from __future__ import annotations
 
-import time
 import warnings
 from types import SimpleNamespace
 
 import pytest
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from _clock import FakeClock, SlowItems
+from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader
 
 from yolo5l.callbacks import ThroughputMonitor, ValidationSummary, YOLOProgressBar
@@ -61,14 +61,22 @@ def test_validation_summary_keeps_the_best_and_last_rows(smoke_fit):
     assert {"val/precision", "val/recall", "val/map_50", "val/map"} <= set(summary.last)
 
 
-class _SlowVal(BoringModel):
-    def val_dataloader(self):
-        class Slow(RandomDataset):
-            def __getitem__(self, i):
-                time.sleep(0.25)
-                return super().__getitem__(i)
+class _Timed(BoringModel):
+    """BoringModel whose training steps take `step_s` and whose data loads take `train_s` / `val_s` per item."""
 
-        return DataLoader(Slow(32, 4), batch_size=2)
+    def __init__(self, clock: FakeClock, step_s: float = 0.0, train_s: float = 0.0, val_s: float = 0.0) -> None:
+        super().__init__()
+        self.clock, self.step_s, self.train_s, self.val_s = clock, step_s, train_s, val_s
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(self.step_s)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return DataLoader(SlowItems(self.clock, self.train_s, 64), batch_size=2)
+
+    def val_dataloader(self):
+        return DataLoader(SlowItems(self.clock, self.val_s, 4), batch_size=2)
 
 
 def _fit(tmp_path, model, callbacks, epochs=1, **kw):
@@ -83,32 +91,22 @@ def _fit(tmp_path, model, callbacks, epochs=1, **kw):
 
 
 def test_throughput_counts_the_training_batches_only(tmp_path):
-    mon = ThroughputMonitor(verbose=False)
-    t0 = time.perf_counter()
-    _fit(tmp_path, _SlowVal(), [mon])
-    wall = time.perf_counter() - t0  # includes ~1 s of validation (4 batches x 0.25 s)
-    assert wall > 0.9
-    images = 16 * 2  # BoringModel's train loader: batch 2 (limit 16 batches)
-    assert mon.last["images_per_sec"] > 3 * images / wall  # the validation second is not in the denominator
-
-
-class _SlowTrain(BoringModel):
-    def train_dataloader(self):
-        class Slow(RandomDataset):
-            def __getitem__(self, i):
-                time.sleep(0.01)
-                return super().__getitem__(i)
-
-        return DataLoader(Slow(32, 64), batch_size=2)
+    clock = FakeClock()
+    mon = ThroughputMonitor(verbose=False, clock=clock)
+    _fit(tmp_path, _Timed(clock, step_s=0.05, val_s=0.25), [mon])  # 0.8 s of steps, 1 s of validation
+    assert clock.now == pytest.approx(16 * 0.05 + 2 * 4 * 0.25)  # the sanity check's and the epoch's validation
+    assert mon.last["images_per_sec"] == pytest.approx(16 * 2 / (16 * 0.05))  # validation is not in the denominator
+    assert mon.last["data_wait"] == 0.0
 
 
 def test_the_data_wait_hint_is_given_once(tmp_path):
-    mon = ThroughputMonitor(warn_above=0.10, verbose=False)
+    clock = FakeClock()
+    mon = ThroughputMonitor(warn_above=0.10, verbose=False, clock=clock)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _fit(tmp_path, _SlowTrain(), [mon], epochs=3, limit_val_batches=0)
+        _fit(tmp_path, _Timed(clock, step_s=0.01, train_s=0.01), [mon], epochs=3, limit_val_batches=0)
     hints = [w for w in caught if "waited for data" in str(w.message)]
-    assert mon.last["data_wait"] > 0.3
+    assert mon.last["data_wait"] > 0.3  # 0.02 s of data for each 0.01 s step, less the batch fetched ahead
     assert len(hints) == 1  # the share stays the same: no repeat
 
 

@@ -15,13 +15,13 @@ import torch
 from PIL import Image
 
 from yolo5l.data import images as images_mod
-from yolo5l.data.augment import resize_long_side
 from yolo5l.data.cache import _load_resized
 from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.images import dct_scale, read_image, read_image_reduced
 from yolo5l.data.label_check import MISSING, verify_image_label
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.layout import format_labels
+from yolo5l.data.letterbox import resize_long_side
 from yolo5l.data.synthetic import NAMES, render_sample
 
 _ORIENTATION = 0x0112

@@ -84,7 +84,6 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
     import yolo5l.boxes
     import yolo5l.predict
     import yolo5l.val
-    from yolo5l._cli import unfreeze_start_up
 
     seen = {}
 
@@ -102,15 +101,17 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
         args = [*common, f"source={next(smoke['root'].rglob('*.jpg'))}", "imgsz=128", "device=cpu"]
     monkeypatch.setattr(sys, "argv", [f"yolo5l.{entry}", *args])
     main = yolo5l.val.main if entry == "val" else yolo5l.predict.main
+    before = gc.get_freeze_count()
     try:
         with pytest.raises(KeyboardInterrupt):
             main()
+        seen["left"] = gc.get_freeze_count()
     finally:
         gc.unfreeze()
         gc.enable()
     assert seen["work"] is True
-    assert seen["frozen"] > 10_000
-    unfreeze_start_up()  # the run was cut short before it handed the frozen objects back
+    assert seen["frozen"] > before + 10_000
+    assert seen["left"] == before  # handed back as the interrupted work left `running`
 
 
 def test_val_channels_last_gives_the_same_metrics(smoke):

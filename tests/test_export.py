@@ -25,7 +25,7 @@ import onnx
 
 from yolo5l import _cli
 from yolo5l.config import compose_config
-from yolo5l.data.augment import letterbox
+from yolo5l.data.letterbox import letterbox
 from yolo5l.data.synthetic import ensure_synthetic
 from yolo5l.errors import UserError
 from yolo5l.export import DecodedYOLOv5, export_model, export_weights, prepare_for_export

@@ -67,7 +67,7 @@ def test_a_v7_hyp_file_replaces_the_preset_and_keeps_what_it_lacks(tmp_path):
     assert (cfg.hyp.lrf, cfg.hyp.scale, cfg.hyp.mixup, cfg.hyp.copy_paste, cfg.hyp.obj) == (0.1, 0.9, 0.1, 0.1, 0.7)
     assert cfg.hyp.label_smoothing == 0.1  # not in the file: the command line's (else the preset's)
     assert cfg.data.hyp.scale == 0.9  # what the dataset and module read through ${hyp}
-    assert cfg.module.loss.hyp.obj == 0.7
+    assert (cfg.module.loss.obj, cfg.module.loss.label_smoothing) == (0.7, 0.1)  # the loss gets its keys one by one
     preset = compose_config(["hyp=scratch-high"], output_dir=tmp_path / "preset")
     assert {k: v for k, v in cfg.hyp.items() if k != "label_smoothing"} == {
         k: v for k, v in preset.hyp.items() if k != "label_smoothing"

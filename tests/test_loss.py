@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from yolo5l.loss import YOLOv5Loss
+from yolo5l.loss import YOLOv5Loss, loss_args
 
 aten = torch.ops.aten
 
@@ -344,7 +344,8 @@ def test_from_model_reads_anchors_and_hyp():
         "fl_gamma": 0.0,
         "lr0": 0.01,
     }
-    loss = YOLOv5Loss.from_model(model, hyp, imgsz=320)
+    assert loss_args(hyp) == {k: v for k, v in hyp.items() if k != "lr0"}  # the loss's keys only
+    loss = YOLOv5Loss.from_model(model, 320, **loss_args(hyp))
     torch.testing.assert_close(loss.anchors, ANCHORS_64)
     assert loss.num_classes == 20
     assert loss.anchor_t == 3.0
@@ -354,19 +355,30 @@ def test_from_model_reads_anchors_and_hyp():
     assert loss.cls_pos_weight.tolist() == [2.0]
     assert loss.obj_pos_weight.tolist() == [1.5]
     assert "anchors" not in loss.state_dict()  # derived from the model: kept out of checkpoints
-    with pytest.raises(KeyError, match="anchor_t"):
-        YOLOv5Loss.from_model(model, {"box": 0.05, "obj": 1.0, "cls": 0.5}, imgsz=640)
+    partial = YOLOv5Loss.from_model(model, 640, **loss_args({"box": 0.05, "obj": 1.0, "cls": 0.5}))
+    assert partial.anchor_t == 4.0  # a key the mapping lacks: the constructor's default (v7.0 scratch-low)
 
 
 def test_from_real_model():
-    yolo = pytest.importorskip("yolo5l.models.yolo")
-    model = yolo.YOLOv5(num_classes=3)
+    """`from_model` reads the model's classes, anchors and strides, and rescales the gains as v7.0's train.py does
+    (box x 3/nl, cls x nc/80 x 3/nl, obj x (imgsz/640)^2 x 3/nl); the heads it scores are the model's own."""
+    from yolo5l.models.yolo import YOLOv5
+
+    model = YOLOv5(num_classes=3)
     hyp = {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}
-    loss = YOLOv5Loss.from_model(model, hyp, imgsz=64)
+    loss = YOLOv5Loss.from_model(model, 320, **hyp)
+    assert (loss.num_classes, loss.nl, loss.na) == (3, 3, 3)
+    torch.testing.assert_close(loss.anchors, model.anchors)
+    torch.testing.assert_close(loss.strides, model.stride.float())
+    assert loss.box_gain == pytest.approx(0.05)
+    assert loss.cls_gain == pytest.approx(0.5 * 3 / 80)
+    assert loss.obj_gain == pytest.approx(1.0 * (320 / 640) ** 2)
+    assert loss.balance == (4.0, 1.0, 0.4)
     heads = model(torch.zeros(2, 3, 64, 64))
     total, items = loss(heads, torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 2, 0.2, 0.7, 0.1, 0.1]]))
     assert torch.isfinite(total)
     assert items.shape == (3,)
+    assert (items > 0).all()  # labels matched: box and class terms, and objectness everywhere
 
 
 # --------------------------------------------------------------------------------------------------------------

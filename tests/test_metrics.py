@@ -7,7 +7,9 @@ import pytest
 import torch
 from torchvision.ops import box_iou
 
-from yolo5l.metrics import COCOMap, DetectionMAP, ap_per_class, match_detections
+from yolo5l.coco_map import COCOMap
+from yolo5l.metrics import DetectionMAP, match_detections
+from yolo5l.per_class import ap_per_class
 
 IOUV = torch.linspace(0.5, 0.95, 10)
 

@@ -26,7 +26,7 @@ from torch import nn
 from yolo5l.callbacks.ema import EMACallback
 from yolo5l.config import compose_config
 from yolo5l.errors import UserError
-from yolo5l.loss import YOLOv5Loss
+from yolo5l.loss import YOLOv5Loss, loss_args
 from yolo5l.model_source import build_model
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5, freeze_layers
@@ -151,7 +151,7 @@ def test_heads_decode_and_fuse_for_any_level_count(name):
     assert out.shape == (1, sum(3 * (128 // s) * (192 // s) for s in strides), 8)
     with pytest.raises(ValueError, match=f"multiples of {int(max(strides))}"):
         model(torch.rand(1, 3, 128 + int(max(strides)) // 2, 192))
-    loss = YOLOv5Loss.from_model(model, HYP, imgsz=128)
+    loss = YOLOv5Loss.from_model(model, 128, **loss_args(HYP))
     assert loss.nl == len(strides)
     assert loss.balance == {3: (4.0, 1.0, 0.4)}.get(len(strides), (4.0, 1.0, 0.25, 0.06, 0.02)[: len(strides)])
     total, items = loss(model.train()(x), torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4]]))
@@ -345,7 +345,7 @@ def test_identical_outputs_and_loss_to_v7(v7_reference, name):
     torch.testing.assert_close(pred, ref["pred"], rtol=1e-5, atol=1e-4)
     model.train()
     with torch.no_grad():
-        total, items = YOLOv5Loss.from_model(model, HYP, imgsz=256)(model(ref["x"]), ref["targets"])
+        total, items = YOLOv5Loss.from_model(model, 256, **loss_args(HYP))(model(ref["x"]), ref["targets"])
     torch.testing.assert_close(items, ref["items"], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(total, ref["total"].reshape(total.shape), rtol=1e-5, atol=1e-6)
     assert any(isinstance(m, Conv) for m in model.modules())

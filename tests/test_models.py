@@ -219,7 +219,7 @@ def test_channels_last_heads_are_dense_views_with_equal_loss_and_grads():
     for h, h_cl in zip(heads, heads_cl, strict=True):
         torch.testing.assert_close(h_cl, h, atol=1e-4, rtol=1e-3)  # conv algorithms differ per memory format
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.4], [1, 2, 0.3, 0.6, 0.2, 0.2]])
-    loss_fn = YOLOv5Loss.from_model(model, {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}, 64)
+    loss_fn = YOLOv5Loss.from_model(model, 64, box=0.05, obj=1.0, cls=0.5, anchor_t=4.0)
     loss, _ = loss_fn(heads, targets)
     loss_cl, _ = loss_fn(heads_cl, targets)
     torch.testing.assert_close(loss_cl, loss, atol=1e-4, rtol=1e-4)

@@ -8,9 +8,23 @@ from yolo5l.metrics import precision_recall_at_best_f1
 from yolo5l.optim import CosineLR, LinearLR, interp, optimizer_impl_kwargs, param_groups, yolov5_param_groups
 
 KEYS = {
-    "train/loss_box", "train/loss_obj", "train/loss_cls", "train/loss", "train/lr0", "train/lr1", "train/lr2",
-    "val/map", "val/map_50", "val/precision", "val/recall", "val/fitness", "val/loss_box", "val/loss_obj",
-    "val/loss_cls", "train/images_per_sec", "train/data_wait",
+    "train/loss_box",
+    "train/loss_obj",
+    "train/loss_cls",
+    "train/loss",
+    "train/lr0",
+    "train/lr1",
+    "train/lr2",
+    "val/map",
+    "val/map_50",
+    "val/precision",
+    "val/recall",
+    "val/fitness",
+    "val/loss_box",
+    "val/loss_obj",
+    "val/loss_cls",
+    "train/images_per_sec",
+    "train/data_wait",
 }
 
 

@@ -15,7 +15,8 @@ from test_metrics import _problem
 
 from yolo5l.boxes import scale_boxes
 from yolo5l.callbacks.val_plots import ValidationPlots
-from yolo5l.metrics import COCOMap, DetectionMAP, confusion_update
+from yolo5l.coco_map import COCOMap
+from yolo5l.metrics import DetectionMAP, confusion_update
 from yolo5l.plots import (
     draw_val_batch,
     format_per_class_table,

@@ -13,7 +13,7 @@ from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.loss import YOLOv5Loss
+from yolo5l.loss import YOLOv5Loss, loss_args
 from yolo5l.models.yolo import YOLOv5
 
 IMGSZ = 128  # the images are 512-640 px: decoded at 1/4 scale on the fast path
@@ -31,7 +31,7 @@ def _batches(ds: YOLODataset, seed: int = 0):
 def _losses(ds: YOLODataset, precision: torch.dtype | None) -> list[float]:
     torch.manual_seed(0)
     model = YOLOv5.from_name("yolov5n", num_classes=4)
-    loss_fn = YOLOv5Loss.from_model(model, HYP, IMGSZ)
+    loss_fn = YOLOv5Loss.from_model(model, IMGSZ, **loss_args(HYP))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
     out = []

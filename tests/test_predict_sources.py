@@ -252,7 +252,7 @@ def test_drawing_options_by_pixels():
 
 @torch.no_grad()
 def test_visualize_writes_each_stage_and_augment_runs(env):
-    from yolo5l.data.augment import letterbox
+    from yolo5l.data.letterbox import letterbox
     from yolo5l.weights import load_weights
 
     _, out = run(env, "vis", f"source={env['src']}/im3.jpg", "visualize=true")

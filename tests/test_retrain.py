@@ -56,7 +56,7 @@ def test_early_stopping_on_fitness_names_the_best_epoch_and_resumes_counting(
     assert "the best was epoch 1 (0.3000)" in caplog.text
     last = torch.load(ck / "last.ckpt", map_location="cpu", weights_only=True)
     state = next(v for k, v in last["callbacks"].items() if k.startswith("FitnessEarlyStopping"))
-    assert (state["best_epoch"], state["wait_count"]) == (1, 2)
+    assert (last["yolo5l_best"]["epoch"], state["wait_count"]) == (1, 2)  # best.pt's epoch, the module's record
 
     # Resumed (with a larger patience) the count goes on from 2: two more flat validations make 4 and stop it.
     stop2 = FitnessEarlyStopping(patience=4)

@@ -139,7 +139,8 @@ def test_mlflow_run_has_metrics_params_images_and_run_files(tmp_path, monkeypatc
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from yolo5l.tracking import finish_run, run_fitness
+    from yolo5l.best_fitness import run_fitness
+    from yolo5l.tracking import finish_run
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -181,7 +182,7 @@ def test_run_files_go_to_the_trackers_from_global_rank_zero_only(tmp_path):
         experiment = SimpleNamespace(log_artifact=lambda *a, **k: calls.append(a))
 
     trainer = SimpleNamespace(
-        is_global_zero=False, loggers=[MLFlowLogger()], callbacks=[], checkpoint_callbacks=[],
+        is_global_zero=False, loggers=[MLFlowLogger()], callbacks=[], checkpoint_callbacks=[], lightning_module=None,
         callback_metrics={"val/fitness": 0.25},
     )  # fmt: skip
     assert finish_run(trainer, tmp_path) == {"val/best_fitness": 0.25}
@@ -301,7 +302,7 @@ def _write_job(sweep: Path, job: int, lr0: float) -> str:
 
 
 def test_search_summary_ranks_by_fitness_and_best_hyp_is_the_best_trials(tmp_path):
-    from yolo5l.tracking import write_best_hyp
+    from yolo5l.search import write_best_hyp
 
     fitness = {0: 0.2, 1: 0.5, 2: float("nan"), 3: 0.35}  # job 2 failed before validating
     for job, fit in fitness.items():

@@ -54,7 +54,7 @@ def test_val_single_cls_takes_a_model_of_any_class_count(tmp_path, synthetic, on
 def test_exported_file_validation_single_cls(synthetic):
     """An exported model is judged the same way: NMS across classes, every detection class 0."""
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.exported import validate_exported
+    from yolo5l.val_tasks import validate_exported
 
     def model(images: torch.Tensor) -> torch.Tensor:  # two overlapping boxes of classes 2 and 3 in every image
         boxes = torch.tensor([[30.0, 30, 20, 20, 0.9, 0, 0, 0.9, 0.1], [31.0, 30, 20, 20, 0.8, 0, 0, 0.1, 0.9]])

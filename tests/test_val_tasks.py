@@ -107,8 +107,7 @@ def _direct_predictions(setup, augment: bool) -> dict[str, list[str]]:
         return _DIRECT[augment]
     from hydra.utils import instantiate
 
-    from yolo5l.boxes import non_max_suppression
-    from yolo5l.module import YOLOv5Module
+    from yolo5l.boxes import non_max_suppression, to_original
     from yolo5l.save_preds import txt_lines
     from yolo5l.tta import augmented_decode
     from yolo5l.weights import load_weights
@@ -122,7 +121,7 @@ def _direct_predictions(setup, augment: bool) -> dict[str, list[str]]:
         images = images.float() / 255
         decoded = augmented_decode(model, images) if augment else model.decode(model(images))
         dets = non_max_suppression(decoded, 0.001, 0.6, multi_label=True, max_det=300)
-        dets = YOLOv5Module._to_original(dets, images.shape[2:], shapes)
+        dets = to_original(dets, images.shape[2:], shapes)
         for det, path, shape in zip(dets, paths, shapes, strict=True):
             if len(det):
                 out[Path(path).stem] = txt_lines(det, shape[0], save_conf=False)

@@ -1,26 +1,24 @@
-"""What the entry points share: one-line errors with exit code 2, the collector pause, printing where outputs are."""
+"""What the entry points share: the lifecycle of a command (`run_entry_point`, the collector pause, `running` for
+its work), one-line errors with exit code 2 (`guarded`), a tidy console."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import gc
 import logging
-import os
 import re
 import shutil
 import sys
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from yolo5l.config import check_group_choices
-from yolo5l.errors import EXIT_USAGE, UserError
-from yolo5l.errors import shown_path as relpath  # the entry points' name for it
+from yolo5l.console import fail, is_rank_zero
+from yolo5l.errors import UserError
 
-__all__ = ["EXIT_USAGE", "UserError", "fail", "guarded", "info", "print_outputs", "relpath", "run_entry_point"]
+__all__ = ["guarded", "one_console_line_per_log", "run_entry_point", "running"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -29,6 +27,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 _gc_paused = False
 #: True while what start-up built sits in the collector's permanent generation (`resume_gc` put it there).
 _start_up_frozen = False
+#: True in a process started as one of yolo5l's commands (`run_entry_point` sets it): process-wide settings apply.
+_command_line = False
 
 
 def pause_gc() -> None:
@@ -69,52 +69,33 @@ def unfreeze_start_up() -> None:
         _start_up_frozen = False
 
 
-def _exit_status(code: object) -> int:
-    """The status `SystemExit(code)` gives the process, as the interpreter maps it (None: 0; other non-int codes are
-    printed to stderr and give 1)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
+@contextlib.contextmanager
+def running(tune_malloc: bool = False) -> Iterator[None]:
+    """The work of a command, between building its run and reporting it: every entry point runs it in this block.
 
-
-def exit_without_heap_walk(code: object = 0) -> NoReturn:
-    """End the command line the way interpreter shutdown would, less its last walk of the heap and its teardown of
-    every module: run the threading module's exit hooks and join the threads that are not daemons, run the `atexit`
-    handlers (loggers, DataLoader workers,
-    temporary folders, Hydra's job log), flush stdout and stderr, then `os._exit`.
-
-    What is skipped frees memory the OS takes back anyway: the run's objects (the collector would walk all ~770,000
-    of them once more: 0.4-0.6 s) and the frozen start-up objects. Skipping it also keeps the console clean: the
-    extension modules that count their objects at shutdown (nanobind's, in triton, which torch imports) would
-    otherwise print a page of "leaked" lines after the run's last line, because what `resume_gc` froze is never
-    collected. Every file the run writes is closed by then (checkpoints, logs and the metrics CSV are closed after
-    each write; the loggers flush in their `finalize`).
+    On entry, what start-up built moves to the collector's permanent generation and the collector is turned back on
+    (`resume_gc`); with `tune_malloc` and only on the command line, glibc keeps freed host memory
+    (`yolo5l.hostmem.tune_malloc`: process-wide, so a notebook or a test process keeps its allocator). On exit,
+    however the block ends, the frozen objects go back to the collector (`unfreeze_start_up`): a sweep's next run
+    needs the memory of this one's trainer and cache, and nothing is left frozen when the process ends. (The
+    interpreter's shutdown never collects frozen objects, and nanobind, the bindings of triton that torch imports,
+    reports its objects still alive then as leaked, a page of lines after the run's last one.)
     """
-    status = _exit_status(code)
-    # What the interpreter's own shutdown does first: the threading module's exit hooks (executors such as
-    # joblib's loky stop their manager threads there), then a join of the threads that are not daemons.
-    shutdown = getattr(threading, "_shutdown", None)
-    if shutdown is not None and threading.current_thread() is threading.main_thread():
-        shutdown()
-    else:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon and thread.is_alive():
-                thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        # closed, detached or replaced by None: nothing to flush
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
-    os._exit(status)
+    resume_gc()
+    if tune_malloc and _command_line:
+        from yolo5l.hostmem import tune_malloc as keep_freed_memory
+
+        keep_freed_memory()
+    try:
+        yield
+    finally:
+        unfreeze_start_up()
 
 
 def _is_command_line() -> bool:
     """True in a process started as one of yolo5l's commands: `python -m yolo5l.<command>`, or a console script
-    (`yolo5l-train`: pip's wrapper module imports `main` and calls it). Such a process may end with `os._exit`; a
-    `main()` called from other code (a test, a notebook) returns or raises `SystemExit` as any function would."""
+    (`yolo5l-train`: pip's wrapper module imports `main` and calls it), where process-wide settings apply; not a
+    `main()` called from other code (a test, a notebook)."""
     top = sys.modules.get("__main__")
     spec = getattr(top, "__spec__", None)
     if spec is not None and str(spec.name).startswith("yolo5l."):
@@ -124,16 +105,16 @@ def _is_command_line() -> bool:
 
 def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = None) -> None:
     """What `main()` of train, val, predict and export does: collector paused for start-up, config groups and
-    overrides checked before Hydra composes (`yolo5l.overrides`), the Hydra app run; then, on the command line,
-    `exit_without_heap_walk` with the status the command ended with (0, a one-line error's 2, a preempted run's
-    128 + signal, Hydra's 1 for an error it reported).
+    overrides checked before Hydra composes (`yolo5l.overrides`), the Hydra app run (its work in `running`); then the
+    collector as it was before, with nothing left frozen, however the command ended.
 
     Args:
         hydra_main: The `@hydra.main` function.
         config_name: Its config (`train`, `val`, ...); default: the last part of its module's name.
     """
+    global _command_line, _gc_paused
     pause_gc()
-    command_line = _is_command_line()
+    _command_line = _is_command_line()
     try:
         try:
             check_group_choices(sys.argv[1:])
@@ -144,18 +125,11 @@ def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = Non
         except UserError as e:
             fail(str(e))
         hydra_main()
-    except SystemExit as e:
-        if not command_line:
-            raise
-        exit_without_heap_walk(e.code)
-    if command_line:
-        exit_without_heap_walk(0)
-
-
-def fail(message: str) -> NoReturn:
-    """Print `error: <message>` to stderr and exit with code 2 (no traceback)."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_USAGE)
+    finally:
+        unfreeze_start_up()  # a command that failed before its work: nothing was frozen; after it: handed back
+        if _gc_paused:  # failed before its work began
+            gc.enable()
+            _gc_paused = False
 
 
 #: Lightning's console messages that say nothing about this run (a product tip, a size estimate it cannot make
@@ -239,27 +213,3 @@ def _remove_empty_run_folder() -> None:
     if all(p.name in hydra_own for p in out.iterdir()):
         logging.shutdown()  # the job log's handler holds the file open
         shutil.rmtree(out, ignore_errors=True)
-
-
-def info(message: str) -> None:
-    """Print one `[yolo5l] ...` console line (rank 0 only)."""
-    if is_rank_zero():
-        print(f"[yolo5l] {message}", flush=True)
-
-
-def is_rank_zero() -> bool:
-    """True in the launching process (before and after DDP starts) and on global rank 0."""
-    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0)))
-    return rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
-
-
-def print_outputs(title: str, items: Mapping[str, str | os.PathLike | None]) -> None:
-    """Print an aligned 'where things are' block (rank 0 only); entries that are None are skipped."""
-    if not is_rank_zero():
-        return
-    rows = [(k, str(v)) for k, v in items.items() if v is not None]
-    width = max((len(k) for k, _ in rows), default=0) + 1
-    print(f"\n{title}", flush=False)
-    for k, v in rows:
-        print(f"  {k + ':':<{width}} {v}")
-    sys.stdout.flush()

@@ -22,8 +22,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from yolo5l._cli import guarded, info, print_outputs, relpath, run_entry_point
-from yolo5l.errors import UserError
+from yolo5l._cli import guarded, run_entry_point
+from yolo5l.console import info, print_outputs
+from yolo5l.errors import UserError, shown_path
+from yolo5l.files import atomic_open
 
 __all__ = ["Row", "benchmark", "format_table"]
 
@@ -103,7 +105,7 @@ def _one(
                                 calibration=calibration if precision == "int8" else None)  # fmt: skip
             path, _ = export_model(model, path, fmt, names=list(loaded.names), device=device, options=opt)
             net = load_exported(path, device)[0]
-        row.file, row.size_mb = relpath(path), round(_size(path), 2)
+        row.file, row.size_mb = shown_path(path), round(_size(path), 2)
         GlobalHydra.instance().clear()  # this run's Hydra is set up; the validation composes its own config
         val_cfg = compose_config([*overrides, f"weights={path}", f"data.imgsz={imgsz}"], "val", out / name)
         metrics = validate_weights(val_cfg)
@@ -139,12 +141,12 @@ def benchmark(cfg: DictConfig) -> list[Row]:
         if name.endswith("-int8") and calibration is None:
             calibration = _calibration(cfg, imgsz)
         rows.append(_one(name, cfg, overrides, weights, out, imgsz, calibration))
-    with open(out / "benchmark.csv", "w", newline="") as f:
+    with atomic_open(out / "benchmark.csv", "w") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
         writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
     print("\n" + format_table(rows, imgsz))
-    print_outputs("Outputs:", {"table": relpath(out / "benchmark.csv")})
+    print_outputs("Outputs:", {"table": shown_path(out / "benchmark.csv")})
     return rows
 
 

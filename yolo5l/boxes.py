@@ -1,4 +1,5 @@
-"""Box post-processing: non-maximum suppression, mapping boxes back to the original image.
+"""Box post-processing: non-maximum suppression, mapping boxes and labels back to the original image (shared by
+`YOLOv5Module` and the validation of exported models).
 
 Validation and prediction only: NMS output sizes depend on the data, so these functions sync the host (boolean
 masks, `nonzero`) and never run inside the training step.
@@ -12,13 +13,14 @@ Reference: ultralytics/yolov5 v7.0 `utils/general.py` (`non_max_suppression`, `s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torchvision.ops import nms
 from yolo5l_kernels.reference import xywh_to_xyxy
 
-__all__ = ["clip_boxes", "non_max_suppression", "scale_boxes", "xywh_to_xyxy"]
+__all__ = ["clip_boxes", "labels_to_original", "non_max_suppression", "scale_boxes", "to_original", "xywh_to_xyxy"]
 
 # _nms_best_first: the best _NMS_FIRST_TAKE x max_det candidates of an image first, _NMS_GROWTH x as many a retry.
 _NMS_FIRST_TAKE, _NMS_GROWTH = 2, 4
@@ -63,6 +65,32 @@ def scale_boxes(
     boxes[:, :4] /= gain
     clip_boxes(boxes[:, :4], img0_shape)
     return boxes
+
+
+def to_original(dets: list[Tensor], img_hw: Sequence[int], shapes: Sequence[Any] | None) -> list[Tensor]:
+    """Scale (n, 4+) xyxy boxes per image from the letterboxed batch back to each original image, in place
+    (`scale_boxes`); `shapes[i]` is the batch's ((h0, w0), ratio_pad) or None (left as it is). Returns `dets`."""
+    if shapes is None:
+        return dets
+    for det, shape in zip(dets, shapes, strict=True):
+        if shape is not None:
+            scale_boxes(img_hw, det, shape[0], shape[1])
+    return dets
+
+
+def labels_to_original(
+    targets: Tensor, img_hw: Sequence[int], batch_size: int, shapes: Sequence[Any] | None
+) -> list[Tensor]:
+    """A batch's (N, 6) normalised targets [image, class, cx, cy, w, h] as per-image (m, 5) ground truth
+    [x1, y1, x2, y2, class] in original-image pixels: what the mAP metrics compare detections with.
+
+    Validation only: the split by image syncs the host.
+    """
+    h, w = img_hw[0], img_hw[1]
+    t = targets[torch.argsort(targets[:, 0], stable=True)]
+    xyxy = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
+    gt = torch.cat((xyxy, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=batch_size).tolist())
+    return to_original([g.clone() for g in gt], (h, w), shapes)
 
 
 def _rank_within_group(group: Tensor, num_groups: int) -> Tensor:

@@ -8,20 +8,13 @@ import torch
 from torch import Tensor
 from torchmetrics.detection import MeanAveragePrecision
 
-from yolo5l.metrics import (
-    PerClassResults,
-    _confidence_curves,
-    _first_in_image,
-    _images_per_class,
-    _PerClassState,
-    confusion_update,
-    summarize_map,
-)
+from yolo5l.metrics import confusion_update, summarize_map
+from yolo5l.per_class import PerClassResults, PerClassState, confidence_curves, first_in_image, images_per_class
 
 __all__ = ["COCOMap"]
 
 
-class COCOMap(_PerClassState, MeanAveragePrecision):
+class COCOMap(PerClassState, MeanAveragePrecision):
     """The COCO protocol (torchmetrics' `MeanAveragePrecision`, faster_coco_eval backend) with `DetectionMAP`'s
     interface: `update` takes the same per-image detection and label tensors, `compute` returns the same keys, and
     `per_class()` the per-class breakdown, read from COCOeval's per-class precision arrays (no per-class re-run).
@@ -74,7 +67,7 @@ class COCOMap(_PerClassState, MeanAveragePrecision):
     def _per_class_results(self, result: dict[str, Tensor], num_conf: int = 1000) -> PerClassResults:
         labels = [g.reshape(-1).cpu().numpy() for g in self.groundtruth_labels]
         label_cls = np.concatenate(labels) if labels else np.zeros(0, np.int64)
-        first = np.concatenate([_first_in_image(g) for g in labels]) if labels else np.zeros(0, bool)
+        first = np.concatenate([first_in_image(g) for g in labels]) if labels else np.zeros(0, bool)
         classes, instances = np.unique(label_cls, return_counts=True)
         k = classes.shape[0]
         grid, rec = np.linspace(0, 1, num_conf), np.asarray(self.rec_thresholds, dtype=np.float64)
@@ -89,14 +82,14 @@ class COCOMap(_PerClassState, MeanAveragePrecision):
             p = prec[:, :, torch.from_numpy(present)].clamp(min=0).numpy()  # (T, R, K')
             map_50[where], map_all[where] = p[0].mean(0), p.mean((0, 1))
             pr_curve[where] = p[0].T
-            curves = _confidence_curves(prec[0], result["scores"][0, :, :, 0, -1], num_conf)
+            curves = confidence_curves(prec[0], result["scores"][0, :, :, 0, -1], num_conf)
             if curves is not None:
                 _, pc, rc, best = curves
                 p_curve[where], r_curve[where] = pc.T.numpy(), rc.T.numpy()
         f1 = 2 * p_curve * r_curve / (p_curve + r_curve + 1e-16)
         return PerClassResults(
             classes=classes.astype(np.int64),
-            images=_images_per_class(classes, label_cls, first),
+            images=images_per_class(classes, label_cls, first),
             instances=instances.astype(np.int64),
             precision=p_curve[:, best] if k else np.zeros(0),
             recall=r_curve[:, best] if k else np.zeros(0),

@@ -14,8 +14,9 @@ The checks (`check_group_choices` before Hydra composes, `check_train_config`, `
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,8 @@ STRIDE = 32  # the largest stride of YOLOv5's heads: image sizes are multiples o
 CACHE_MODES = ("none", "ram", "disk")
 TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  # v7.0 train.py's data switches
 
+
 #: Config groups a user picks on the command line (`model=yolov5n`) and the ones that may be `null`.
-GROUPS = (
-    "model", "data", "hyp", "module", "module/optimizer", "module/scheduler", "module/metric", "trainer",
-    "callbacks", "logger", "experiment", "debug", "paths", "hparams_search",
-)  # fmt: skip
-NULLABLE = ("experiment", "debug", "hparams_search")
-
-
 def compose_config(
     overrides: Sequence[str] | None = None,
     config_name: str = "train",
@@ -115,7 +110,40 @@ def to_yaml(cfg: DictConfig) -> str:
 
 
 # ---- before Hydra composes ------------------------------------------------------------------------------------------
-def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> None:
+def _group_folders(folder: Any, prefix: str = "") -> Iterator[str]:
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.is_dir() or entry.name.startswith(("_", ".")) or (not prefix and entry.name == "hydra"):
+            continue  # Hydra's own groups (hydra/job_logging) are checked by Hydra
+        name = f"{prefix}{entry.name}"
+        if any(e.name.endswith(".yaml") for e in entry.iterdir()):
+            yield name
+        yield from _group_folders(entry, f"{name}/")
+
+
+@functools.cache
+def config_groups() -> tuple[str, ...]:
+    """The config groups: every folder of the shipped `yolo5l.conf` that holds option files (`model`,
+    `module/optimizer`, ...)."""
+    from importlib.resources import files
+
+    return tuple(_group_folders(files(CONFIG_MODULE)))
+
+
+@functools.cache
+def nullable_groups() -> tuple[str, ...]:
+    """The groups a command may leave out (`experiment=null`): those whose entry in a command's defaults list is
+    null (conf/train.yaml: `- experiment: null`)."""
+    from importlib.resources import files
+
+    found: set[str] = set()
+    for entry in files(CONFIG_MODULE).iterdir():
+        if entry.name.endswith(".yaml"):
+            defaults = OmegaConf.create(entry.read_text()).get("defaults") or []
+            found |= {str(k) for d in defaults if OmegaConf.is_dict(d) for k, v in d.items() if v is None}
+    return tuple(sorted(found))
+
+
+def check_group_choices(argv: Sequence[str], groups: Sequence[str] | None = None) -> None:
     """Refuse `group=option` arguments naming an option that does not exist, listing the ones that do.
 
     Hydra would also refuse them, but with a multi-line report; this runs before Hydra composes anything.
@@ -124,6 +152,7 @@ def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> 
     Raises:
         UserError: An unknown option.
     """
+    groups = config_groups() if groups is None else groups
     for arg in argv:
         if "=" not in arg or arg.startswith(("-", "hydra.", "hydra/")):
             continue
@@ -137,7 +166,7 @@ def check_group_choices(argv: Sequence[str], groups: Sequence[str] = GROUPS) -> 
         if not choices:
             continue
         for option in _sweep_values(value):
-            if option in ("null", "") and key in NULLABLE:
+            if option in ("null", "") and key in nullable_groups():
                 continue
             if option not in choices:
                 raise UserError(f"unknown {key} {option!r}: choose one of {', '.join(choices)}")

@@ -10,6 +10,8 @@
 - Python warnings print as one `warning: <message>` line (no file name, line number or source line).
 - `is_terminal()`: whether stdout is a terminal; when it is not (a file, a pipe, a batch system's log), the progress
   bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
+- `info`, `warn`, `print_outputs`, `fail`: the command's own lines (`[yolo5l] ...` on rank 0, the outputs
+  block, the one-line `error: ...` with exit code 2); `is_rank_zero` decides which process prints.
 """
 
 from __future__ import annotations
@@ -22,11 +24,24 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
-__all__ = ["ConsoleFormatter", "ConsoleHandler", "clean_lines", "is_terminal", "run_log"]
+from yolo5l.errors import EXIT_USAGE
+
+__all__ = [
+    "ConsoleFormatter",
+    "ConsoleHandler",
+    "clean_lines",
+    "fail",
+    "info",
+    "is_rank_zero",
+    "is_terminal",
+    "print_outputs",
+    "run_log",
+    "warn",
+]
 
 #: ANSI escape sequences: colours, cursor moves (tqdm's nested bars move the cursor up), OSC titles.
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -216,3 +231,46 @@ def run_log(path: str | os.PathLike | None = None) -> Iterator[Path | None]:
             handler.setStream(stream)
         sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
         log.close()
+
+
+# ---- the command's own lines ---------------------------------------------------------------------------------------
+def is_rank_zero() -> bool:
+    """True in the launching process (before and after DDP starts) and on global rank 0.
+
+    The rank is Lightning's: the one its strategy set (`rank_zero_only.rank`), else the first of `RANK`,
+    `LOCAL_RANK`, `SLURM_PROCID` and `JSM_NAMESPACE_RANK` that is set (`srun` starts every task with its
+    `SLURM_PROCID`); `NODE_RANK` > 0 (a further node's `LOCAL_RANK=0`) is not rank 0 either.
+    """
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank = _get_rank() or 0
+    return rank == 0 and getattr(rank_zero_only, "rank", 0) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def info(message: str, stream: TextIO | None = None) -> None:
+    """Print one `[yolo5l] ...` console line on rank 0 (to stdout, or `stream`)."""
+    if is_rank_zero():
+        print(f"[yolo5l] {message}", file=stream or sys.stdout, flush=True)
+
+
+def warn(message: str) -> None:
+    """Print one `[yolo5l] warning: ...` console line on rank 0: something went wrong that the run survives."""
+    info(f"warning: {message}")
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: <message>` to stderr and exit with code 2 (no traceback)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def print_outputs(title: str, items: Mapping[str, str | os.PathLike | None]) -> None:
+    """Print an aligned 'where things are' block (rank 0 only); entries that are None are skipped."""
+    if not is_rank_zero():
+        return
+    rows = [(k, str(v)) for k, v in items.items() if v is not None]
+    width = max((len(k) for k, _ in rows), default=0) + 1
+    print(f"\n{title}", flush=False)
+    for k, v in rows:
+        print(f"  {k + ':':<{width}} {v}")
+    sys.stdout.flush()

@@ -2,8 +2,8 @@
 
 - :func:`download` writes ``<dest folder>/.<name>.part``, resumes a dropped connection with an HTTP ``Range``
   request, checks the size (the server's ``Content-Length`` and the expected size, if given) and the sha256 (if
-  given), then renames the file to ``dest``. A ``<dest>.lock`` file held with ``fcntl.flock`` makes DDP ranks and
-  concurrent runs transfer it once: the second process waits, then finds the file.
+  given), then renames the file to ``dest``. A ``<dest>.lock`` file (:func:`yolo5l.files.file_lock`) makes DDP
+  ranks and concurrent runs transfer it once: the second process waits, then finds the file.
 - :func:`extract` refuses archives with absolute, ``..``, link or device members before writing anything, unpacks
   into a temporary folder beside the target and renames each top-level entry into place.
 - :func:`fetch_archives` does both for the archives of a dataset yaml's ``download:``.
@@ -29,19 +29,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from yolo5l.archive import extract
 from yolo5l.archive import failure_reason as _reason
+from yolo5l.console import info, is_rank_zero
 from yolo5l.errors import UserError
-
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; concurrent runs there each download for themselves
-    fcntl = None  # type: ignore[assignment]
+from yolo5l.files import file_lock
 
 __all__ = [
     "ARCHIVE_SUFFIXES",
@@ -52,7 +49,6 @@ __all__ = [
     "download",
     "extract",
     "fetch_archives",
-    "file_lock",
     "is_url",
     "url_cache_path",
     "weights_url",
@@ -79,10 +75,7 @@ class _Final(Exception):
 
 
 def _say(message: str) -> None:
-    from yolo5l._cli import is_rank_zero
-
-    if is_rank_zero():
-        print(f"[yolo5l] {message}", file=sys.stderr, flush=True)
+    info(message, stream=sys.stderr)
 
 
 # ---- names ---------------------------------------------------------------------------------------------------------
@@ -122,53 +115,6 @@ def url_cache_path(url: str) -> Path:
 def archive_name(url: str) -> str:
     """The file name of ``url`` (its last path segment)."""
     return url_cache_path(url).name
-
-
-# ---- locking -------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str], what: str = "") -> Iterator[None]:
-    """Hold an exclusive ``fcntl.flock`` on ``path`` (created) for the ``with`` block, then remove the file.
-
-    The holder deletes the lock file before unlocking; a waiter that then gets the lock on the deleted file sees that
-    the path no longer names the file it locked and locks the current one instead, so two processes never both hold
-    ``path``. Without ``fcntl`` (Windows) this does nothing.
-
-    Args:
-        path: The lock file.
-        what: What the holder is doing, for the "waiting" line.
-    """
-    path = Path(path)
-    if fcntl is None:
-        yield
-        return
-    waited = False
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not waited:
-                    _say(f"waiting for another process: {what or path}")
-                    waited = True
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                st, own = os.stat(path), os.fstat(fd)
-                current = (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
-            except FileNotFoundError:
-                current = False
-        except BaseException:
-            os.close(fd)
-            raise
-        if current:
-            break
-        os.close(fd)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(fd)
 
 
 def _make_dirs(folder: Path) -> list[Path]:
@@ -284,8 +230,6 @@ def _fetch(
     url: str, part: Path, sha256: str | None, size: int | None, retries: int, timeout: float, backoff: float,
     progress: bool,
 ) -> None:  # fmt: skip
-    from yolo5l._cli import is_rank_zero
-
     failures = reached = 0
     name = part.name[1 : -len(".part")]
     with (

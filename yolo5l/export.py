@@ -28,13 +28,14 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from yolo5l._cli import guarded, info, print_outputs, relpath, resume_gc, run_entry_point, unfreeze_start_up
+from yolo5l._cli import guarded, run_entry_point, running
 from yolo5l.config import check_export_config
-from yolo5l.deploy._io import write_atomic
+from yolo5l.console import info, print_outputs
 from yolo5l.deploy.formats import FORMATS, output_path, require_extra
 from yolo5l.divergence import first_non_finite
-from yolo5l.errors import UserError
+from yolo5l.errors import UserError, shown_path
 from yolo5l.exported import load_exported
+from yolo5l.files import atomic_write
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5
 
@@ -308,9 +309,9 @@ def _write_format(
     """Write `path` in `fmt` (see :func:`export_model`)."""
     int8 = opt.calibration if opt.int8 else None
     if fmt == "torchscript":
-        write_atomic(_export_torchscript(net, example, meta, opt.optimize), path)
+        atomic_write(path, _export_torchscript(net, example, meta, opt.optimize))
     elif fmt == "onnx":
-        write_atomic(_export_onnx(net, example, opt.opset, opt.dynamic, opt.simplify, meta), path)
+        atomic_write(path, _export_onnx(net, example, opt.opset, opt.dynamic, opt.simplify, meta))
     elif fmt == "openvino":
         from yolo5l.deploy.openvino import export_openvino
 
@@ -380,15 +381,14 @@ def export_weights(cfg: DictConfig) -> Path:
     imgsz = int(cfg.imgsz or getattr(load_info, "imgsz", None) or _DEFAULT_IMGSZ)
     check_stride(model, imgsz, "imgsz")
     calibration = _calibration(cfg, imgsz)
-    resume_gc()  # set-up is built (the command line paused the collector for it); tracing makes cyclic garbage
     opt = ExportOptions(
         imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic), half=bool(cfg.half), int8=bool(cfg.int8),
         calibration=calibration, opset=int(cfg.opset), simplify=bool(cfg.simplify), nms=bool(cfg.nms),
         conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres), max_det=int(cfg.max_det),
         optimize=bool(cfg.optimize), workspace=float(cfg.workspace),
     )  # fmt: skip
-    path, diff = export_model(model, output, fmt, names=list(load_info.names), device=device, options=opt)
-    unfreeze_start_up()
+    with running():  # tracing makes cyclic garbage
+        path, diff = export_model(model, output, fmt, names=list(load_info.names), device=device, options=opt)
     precision = "int8" if cfg.int8 else "fp16" if cfg.half else "fp32"
     shape = f"({opt.batch if fmt != 'ncnn' else 1}, 3, {imgsz}, {imgsz}) {precision}"
     if diff is None:
@@ -396,7 +396,7 @@ def export_weights(cfg: DictConfig) -> Path:
     else:
         info(f"{_RUNTIMES[fmt]} vs PyTorch on the example input {shape}: max abs difference {diff:.3g}")
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-    print_outputs("Outputs:", {fmt: f"{relpath(path)} ({size / 1e6:.1f} MB)"})
+    print_outputs("Outputs:", {fmt: f"{shown_path(path)} ({size / 1e6:.1f} MB)"})
     return path
 
 

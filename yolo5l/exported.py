@@ -42,7 +42,6 @@ __all__ = [
     "is_exported",
     "load_exported",
     "require_extra",
-    "validate_exported",
 ]
 
 #: File suffix -> format for the single-file formats (folders: `yolo5l.deploy.formats.find_format`).
@@ -207,7 +206,7 @@ class ExportedModel:
             if torch.device(traced_on).type == "cuda" and not torch.cuda.is_available():
                 raise UserError(f"{self.path.name} was exported on {traced_on}, which this machine lacks: export it "
                                 "again with device=cpu, or use the ONNX format")  # fmt: skip
-            from yolo5l._cli import info
+            from yolo5l.console import info
 
             info(f"{self.path.name} was exported on {traced_on} and runs there (export with device={self.device.type} "
                  f"to run it on {self.device.type})")  # fmt: skip
@@ -290,54 +289,3 @@ def load_exported(
     """
     model = ExportedModel(path, device)
     return model, model.names, model.imgsz, model.stride
-
-
-@torch.no_grad()
-def validate_exported(
-    model: Callable[[Tensor], Tensor],
-    datamodule: Any,
-    metric: Any,
-    conf_thres: float = 0.001,
-    iou_thres: float = 0.6,
-    max_det: int = 300,
-    device: str | torch.device = "cpu",
-    single_cls: bool = False,
-    **loop_kwargs: Any,
-) -> dict[str, float]:
-    """The validation of `YOLOv5Module` for a callable that returns decoded boxes (no LightningModule, no loss).
-
-    The same batches, NMS, scaling back to the original images and ground truth as `YOLOv5Module.validation_step`
-    (`yolo5l.val_tasks.validation_loop`), so a file exported with dynamic=true gets the `.pt`'s metrics. A file of
-    one fixed size cannot take the rectangular batches, so it gets square ones at `data.imgsz`, as ultralytics'
-    val.py gives exported models.
-
-    Args:
-        model: `ExportedModel` (or any callable images -> (B, N, 5 + nc)).
-        datamodule: A `YOLODataModule`.
-        metric: `DetectionMAP` or `COCOMap` (`update(dets, gt)`, `compute()`).
-        conf_thres: NMS score threshold.
-        iou_thres: NMS IoU threshold.
-        max_det: Detections kept per image.
-        device: Where the batches and the metric go.
-        single_cls: NMS across classes and every detection class 0 (`YOLOv5Module(single_cls=True)`).
-        **loop_kwargs: `validation_loop`'s options (`saver`, `hybrid`, `times`).
-
-    Returns:
-        `val/<key>` -> value, as `trainer.validate` reports them.
-    """
-    from yolo5l.val_tasks import validation_loop
-
-    if getattr(model, "size", None) is not None:
-        from yolo5l._cli import info
-
-        datamodule.setup("validate")
-        datamodule.val_dataset.rect = False  # read per item: every image is letterboxed to data.imgsz square
-        name = Path(str(getattr(model, "path", "the model"))).name
-        info(
-            f"{name} takes one input size: validating square {datamodule.imgsz} px images, not rectangular batches "
-            "(the mAP differs from the .pt's; export with dynamic=true for the same)"
-        )
-    return validation_loop(
-        model, datamodule, torch.device(device), conf_thres, iou_thres, max_det, metric=metric, single_cls=single_cls,
-        **loop_kwargs,
-    )  # fmt: skip

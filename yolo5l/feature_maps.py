@@ -58,7 +58,7 @@ class FeatureMaps:
 
     def write(self, folder: Path, image_index: int = 0) -> list[Path]:
         """Write image `image_index`'s maps of every caught stage into `folder`; returns the PNG files."""
-        from yolo5l.plots import save_rgb
+        from yolo5l.annotate import save_rgb
 
         folder.mkdir(parents=True, exist_ok=True)
         written = []

@@ -1,14 +1,13 @@
-"""What `auto` means on this machine: precision, cuDNN benchmark, determinism, loader workers, host memory.
+"""What `auto` means on this machine: precision, cuDNN benchmark, determinism, loader workers.
 
 One module answers these for train, val, predict and export, so an `auto` in `conf/` resolves the same everywhere:
 
-- `trainer.precision: auto`: `16-mixed` on CUDA; `bf16-mixed` on CPUs with AMX or AVX512-BF16; else `32-true`.
-- `trainer.benchmark: null`: cuDNN benchmark on CUDA unless `trainer.deterministic=true`, off elsewhere.
-- `trainer.deterministic: null`: deterministic algorithms on the CPU (reproducible runs), off on CUDA.
+- `trainer.precision`: `16-mixed` on CUDA; `bf16-mixed` on CPUs with AMX or AVX512-BF16; else `32-true`
+  (`resolve_precision`; conf/trainer/default.yaml resolves it through `yolo5l.resolvers`, as `benchmark` and
+  `deterministic`).
 - `data.num_workers: auto`: min(8, CPU cores per local device) on an accelerator; 0 on the CPU, where the compute
   threads own every core.
 - `data.val_num_workers: null`: `num_workers` on an accelerator, 0 on the CPU.
-- `tune_malloc: true`: glibc keeps freed host memory (`yolo5l.hostmem`), so activations are not re-faulted each step.
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ __all__ = [
     "num_devices",
     "owned_cores",
     "resolve_precision",
-    "trainer_policy",
-    "tune_host_memory",
     "uses_cuda",
 ]
 
@@ -83,22 +80,6 @@ def inference_device(device: str) -> torch.device:
     if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
         raise UserError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s); use cpu")
     return dev
-
-
-def trainer_policy(trainer_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The Trainer arguments that `auto`/null stand for in `trainer_cfg`: precision, benchmark, deterministic.
-
-    Values given explicitly are returned unchanged, so `instantiate(cfg.trainer, **trainer_policy(cfg.trainer))`
-    builds the Trainer either way.
-    """
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    cuda = uses_cuda(accelerator)
-    policy: dict[str, Any] = {"precision": resolve_precision(trainer_cfg.get("precision", "auto"), accelerator)}
-    benchmark, deterministic = trainer_cfg.get("benchmark"), trainer_cfg.get("deterministic")
-    policy["deterministic"] = (not cuda) if deterministic is None else deterministic
-    # cuDNN's autotuner chooses by timing, which varies from run to run: off when determinism is asked for.
-    policy["benchmark"] = (cuda and not policy["deterministic"]) if benchmark is None else bool(benchmark)
-    return policy
 
 
 def num_devices(trainer_cfg: Mapping[str, Any]) -> int:
@@ -159,13 +140,3 @@ def loader_workers(num_workers: int | str, on_accelerator: bool, local_devices: 
     if not on_accelerator:
         return 0
     return min(_MAX_WORKERS, max(1, (os.cpu_count() or 1) // max(1, local_devices)))
-
-
-def tune_host_memory(enabled: bool) -> bool:
-    """Apply `tune_malloc` (process-wide): glibc keeps freed activation buffers instead of returning them to the
-    kernel, which would fault them back in, zeroed, every step. Returns whether the setting is in force."""
-    if not enabled:
-        return False
-    from yolo5l.hostmem import tune_malloc
-
-    return tune_malloc()

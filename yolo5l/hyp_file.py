@@ -21,6 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_write
 
 __all__ = ["HYP_FILE_KEY", "apply_hyp_file", "hyp_file_argv", "read_hyp_file"]
 
@@ -117,8 +118,8 @@ def apply_hyp_file(cfg: DictConfig, overrides: Sequence[str] = (), output_dir: A
             if key not in explicit:
                 cfg.hyp[key] = value
     if output_dir is not None and (Path(output_dir) / ".hydra").is_dir():
-        from yolo5l._cli import is_rank_zero
+        from yolo5l.console import is_rank_zero
 
         if is_rank_zero():  # what this run really uses, beside Hydra's files (a search's best_hyp.yaml reads it)
-            (Path(output_dir) / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            atomic_write(Path(output_dir) / ".hydra" / "config.yaml", OmegaConf.to_yaml(cfg))
     return cfg

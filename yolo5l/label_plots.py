@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from yolo5l.annotate import class_color
-from yolo5l.plots import _figure, render, save_rgb
+from yolo5l.annotate import class_color, save_rgb
+from yolo5l.plots import new_figure, render
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -81,7 +81,7 @@ def labels_figure(labels: np.ndarray, names: Sequence[str]) -> Figure:
     """`labels.jpg` for (N, 5) training labels ``[cls, x, y, w, h]`` (normalised) and the dataset's class names."""
     labels = np.asarray(labels, dtype=np.float64).reshape(-1, 5)
     nc = max(len(names), int(labels[:, 0].max()) + 1 if len(labels) else 1)
-    fig = _figure(8, 8)
+    fig = new_figure(8, 8)
     axes = fig.subplots(2, 2).ravel()
     counts = np.bincount(labels[:, 0].astype(int), minlength=nc)
     axes[0].bar(np.arange(nc), counts, width=0.8, color=[_rgb(class_color(i)) for i in range(nc)])
@@ -104,7 +104,7 @@ def correlogram_figure(labels: np.ndarray) -> Figure:
     """`labels_correlogram.jpg`: histograms of x, y, width, height on the diagonal, 2D histograms below it."""
     boxes = np.asarray(labels, dtype=np.float64).reshape(-1, 5)[:, 1:]
     n = len(_COLUMNS)
-    fig = _figure(2.5 * n, 2.5 * n)
+    fig = new_figure(2.5 * n, 2.5 * n)
     axes = fig.subplots(n, n, squeeze=False)
     for i in range(n):
         for j in range(n):

@@ -19,6 +19,8 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from yolo5l.files import atomic_open, atomic_write
+
 #: Columns always present, in this order; anything else logged follows, sorted.
 CORE_COLUMNS = (
     "epoch",
@@ -130,14 +132,11 @@ class EpochCSVLogger(Logger):
             return
         keys = {k for row in self.rows.values() for k in row}
         columns = list(CORE_COLUMNS) + sorted(keys - set(CORE_COLUMNS))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", newline="") as f:
+        with atomic_open(self.path, "w") as f:  # readers never see a half-written table
             writer = csv.DictWriter(f, fieldnames=columns, restval="")
             writer.writeheader()
             for epoch in sorted(self.rows):
                 writer.writerow({k: _fmt(v) for k, v in self.rows[epoch].items()})
-        os.replace(tmp, self.path)  # readers never see a half-written table
         if self.results_path is not None:
             write_results_csv(self.rows, self.results_path)
         self._dirty = False
@@ -166,10 +165,7 @@ def write_results_csv(rows: Mapping[int, Mapping[str, Any]], path: str | os.Path
                 last[key] = float(row[key])
             values.append(last.get(key, 0.0))
         lines.append(",".join(f"{v:>20.5g}" for v in values))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, "\n".join(lines) + "\n")
 
 
 def read_metrics_csv(path: str | os.PathLike) -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from yolo5l_kernels.ciou import BACKENDS as CIOU_BACKENDS
 from yolo5l_kernels.ciou import ciou_xywh
 
-__all__ = ["YOLOv5Loss"]
+__all__ = ["LOSS_HYP_KEYS", "YOLOv5Loss", "loss_args"]
 
 # ultralytics' objectness balance per level: _BALANCE_3 for the levels P3-P5, else the first nl of the P3-P7 list.
 _BALANCE_3 = (4.0, 1.0, 0.4)
@@ -188,42 +188,23 @@ class YOLOv5Loss(nn.Module):
         self.register_buffer("cls_pos_weight", torch.tensor([float(cls_pw)]), persistent=False)
         self.register_buffer("obj_pos_weight", torch.tensor([float(obj_pw)]), persistent=False)
 
-    @classmethod
-    def from_model(cls, model: nn.Module, hyp: Mapping[str, Any], imgsz: int, **kwargs: Any) -> YOLOv5Loss:
-        """Build the loss for a ``YOLOv5`` model and a YOLOv5 hyperparameter mapping.
+    @staticmethod  # not a classmethod: `cls` is one of the arguments (the class gain)
+    def from_model(model: nn.Module, imgsz: int = _TUNED_IMGSZ, **kwargs: Any) -> YOLOv5Loss:
+        """Build the loss for a ``YOLOv5`` model: its class count, anchors and strides, and the constructor's other
+        arguments as given (conf/module/yolov5.yaml passes the hyp keys one by one; ``loss_args(hyp)`` picks them
+        from a v7.0 hyp mapping).
 
         Args:
             model: exposes ``anchors`` ((nl, na, 2), grid units), ``stride`` ((nl,)) and ``num_classes``.
-            hyp: needs ``box``, ``obj``, ``cls``, ``anchor_t``; optional ``label_smoothing`` (0), ``cls_pw`` (1),
-                ``obj_pw`` (1), ``fl_gamma`` (0).
             imgsz: training image size in pixels.
-            **kwargs: forwarded to the constructor (e.g. ``ciou_backend``, ``balance``).
+            **kwargs: the constructor's arguments (``box``, ``obj``, ``cls``, ``anchor_t``, ``ciou_backend``, ...);
+                ``balance`` defaults to None here (ultralytics' default for the model's level count).
 
         Returns:
             The loss on the device of ``model.anchors``.
-
-        Raises:
-            KeyError: a required hyperparameter is missing.
         """
-        missing = [k for k in ("box", "obj", "cls", "anchor_t") if k not in hyp]
-        if missing:
-            raise KeyError(f"yolo5l/loss.py: hyp lacks {missing}; add them to the hyp config (see conf/hyp)")
         kwargs.setdefault("balance", None)
-        loss = cls(
-            int(model.num_classes),
-            model.anchors.detach(),
-            model.stride.detach(),
-            box=float(hyp["box"]),
-            obj=float(hyp["obj"]),
-            cls=float(hyp["cls"]),
-            anchor_t=float(hyp["anchor_t"]),
-            label_smoothing=float(hyp.get("label_smoothing", 0.0) or 0.0),
-            imgsz=imgsz,
-            cls_pw=float(hyp.get("cls_pw", 1.0)),
-            obj_pw=float(hyp.get("obj_pw", 1.0)),
-            fl_gamma=float(hyp.get("fl_gamma", 0.0)),
-            **kwargs,
-        )
+        loss = YOLOv5Loss(int(model.num_classes), model.anchors.detach(), model.stride.detach(), imgsz=imgsz, **kwargs)
         return loss.to(model.anchors.device)
 
     @torch.no_grad()
@@ -356,3 +337,13 @@ class YOLOv5Loss(nn.Module):
             f"obj={self.obj_gain:.4g}, cls={self.cls_gain:.4g}), anchor_t={self.anchor_t}, balance={self.balance}, "
             f"label_smoothing={self.label_smoothing}, fl_gamma={self.fl_gamma}"
         )
+
+
+#: The loss's keys in a v7.0 hyp mapping (conf/hyp/*.yaml, data/hyps/hyp.*.yaml).
+LOSS_HYP_KEYS = ("box", "obj", "cls", "anchor_t", "label_smoothing", "cls_pw", "obj_pw", "fl_gamma")
+
+
+def loss_args(hyp: Mapping[str, Any]) -> dict[str, float]:
+    """The `YOLOv5Loss` arguments a hyp mapping holds (its other keys, learning rates and augmentation, are left
+    out): `YOLOv5Loss.from_model(model, imgsz, **loss_args(hyp))`."""
+    return {k: float(hyp[k]) for k in LOSS_HYP_KEYS if hyp.get(k) is not None}

@@ -29,7 +29,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import Metric
 
-from yolo5l.boxes import non_max_suppression, scale_boxes, xywh_to_xyxy
+from yolo5l.best_fitness import BestFitness
+from yolo5l.boxes import labels_to_original, non_max_suppression, to_original
 from yolo5l.data.image_weights import class_maps
 from yolo5l.divergence import LossGrowth, TrainingDiverged, describe_state, diverged, state_problem
 from yolo5l.optim import (
@@ -157,6 +158,7 @@ class YOLOv5Module(pl.LightningModule):
         self._bad_streak = torch.zeros((), dtype=torch.long)  # optimizer steps in a row with non-finite gradients
         self.step_finite: Tensor | None = None  # whether the last optimizer step was applied
         self.class_maps: np.ndarray | None = None  # per-class mAP@0.5:0.95 of the last validation in fit (v7.0 maps)
+        self.best = BestFitness()  # the run's best validation: checkpointing, early stopping and the summary read it
         self._growth = LossGrowth(max_loss_growth)
         self._val_bad: Tensor | None = None  # this validation's [loss, predictions] non-finite flags, on the device
 
@@ -360,12 +362,14 @@ class YOLOv5Module(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["yolo5l_last_opt_step"] = self._last_opt_step
         checkpoint["yolo5l_lowest_loss"] = self._growth.lowest
+        checkpoint["yolo5l_best"] = self.best.state_dict()
         if self._loss_sum is not None:  # a mid-epoch checkpoint (preemption): the epoch's mean losses go on
             checkpoint["yolo5l_epoch_losses"] = {"sum": self._loss_sum.detach().cpu(), "batches": self._loss_batches}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._last_opt_step = checkpoint.get("yolo5l_last_opt_step", -1)
         self._growth.lowest = checkpoint.get("yolo5l_lowest_loss")
+        self.best.load_state_dict(checkpoint.get("yolo5l_best") or _earlier_best(checkpoint))
         losses = checkpoint.get("yolo5l_epoch_losses")
         self._resumed_losses = (losses["sum"], int(losses["batches"])) if losses else None
 
@@ -433,16 +437,6 @@ class YOLOv5Module(pl.LightningModule):
                 det[:, 5] = 0
         return dets
 
-    @staticmethod
-    def _to_original(dets: list[Tensor], img_hw: Sequence[int], shapes: Sequence[Any] | None) -> list[Tensor]:
-        """Scale (n, 6) detections from the letterboxed batch back to each original image (shapes[i] may be None)."""
-        if shapes is None:
-            return dets
-        for det, shape in zip(dets, shapes, strict=True):
-            if shape is not None:
-                scale_boxes(img_hw, det, shape[0], shape[1])
-        return dets
-
     def validation_step(self, batch: Sequence[Any], batch_idx: int) -> list[Tensor]:
         """Loss and metric update of a batch; returns its detections (original-image pixels) for callbacks
         (`ValidationPlots` draws the first batches)."""
@@ -455,15 +449,8 @@ class YOLOv5Module(pl.LightningModule):
         decoded = self._decode(heads, images, targets)
         bad = torch.stack([~torch.isfinite(items).all(), ~torch.isfinite(decoded).all()])  # on the device: no sync
         self._val_bad = bad if self._val_bad is None else self._val_bad | bad
-        dets = self._to_original(self._nms(decoded), (h, w), shapes)
-
-        # Ground truth per image, in the same original-image pixels (validation only: these sync the host).
-        order = torch.argsort(targets[:, 0], stable=True)
-        t = targets[order]
-        gt_boxes = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
-        gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
-        gt = self._to_original([g.clone() for g in gt], (h, w), shapes)
-        self.map_metric.update(dets, gt)
+        dets = to_original(self._nms(decoded), (h, w), shapes)
+        self.map_metric.update(dets, labels_to_original(targets, (h, w), bsz, shapes))  # syncs: validation only
         return dets
 
     def on_validation_epoch_end(self) -> None:
@@ -475,6 +462,11 @@ class YOLOv5Module(pl.LightningModule):
         self.map_metric.reset()
         self.log_dict({f"val/{k}": v for k, v in metrics.items()}, prog_bar=False)
         trainer = self.trainer
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and "fitness" in metrics:
+            keys = sorted(metrics)  # one host sync per validation
+            values = torch.stack([metrics[k].float() for k in keys]).tolist()
+            row = {f"val/{k}": v for k, v in zip(keys, values, strict=True)}
+            self.best.update(row, trainer.current_epoch)
         if trainer.state.fn == "fit" and not trainer.sanity_checking and hasattr(self.map_metric, "per_class"):
             results = self.map_metric.per_class()  # computed above (on every rank): no second gather
             self.class_maps = class_maps(results.classes, results.map, self.model.num_classes)
@@ -497,4 +489,12 @@ class YOLOv5Module(pl.LightningModule):
             images, shapes = batch, None
         else:  # (images, targets, paths, shapes) like the validation batches
             images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
-        return self._to_original(self._detect(self.model(images), images), images.shape[2:], shapes)
+        return to_original(self._detect(self.model(images), images), images.shape[2:], shapes)
+
+
+def _earlier_best(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The best fitness of a checkpoint written before `YOLOv5Module.best` kept it: `LastCheckpoint`'s state."""
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("LastCheckpoint") and state.get("best_fitness") is not None:
+            return {"fitness": state["best_fitness"], "epoch": state.get("best_epoch")}
+    return {}

@@ -8,7 +8,7 @@
 - `results_figure`: `results.png`, the run's losses, P, R and mAPs per epoch from its metrics.csv (yolov5
   `utils/plots.py::plot_results`: 2 x 5 panels, each with a smoothed line).
 - `draw_val_batch`: `val_batch{i}_labels.jpg` / `val_batch{i}_pred.jpg`, a validation batch with its labels and
-  with its detections above 0.25 (drawn with the BatchPlotter's `draw_batch`).
+  with its detections above 0.25 (drawn with `yolo5l.annotate.draw_batch`).
 
 matplotlib draws on its Agg canvas without pyplot (no global figure state, nothing to close); a figure is rendered
 once, and the same RGB pixels go to the PNG file and to the loggers.
@@ -23,12 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cv2
 import numpy as np
 import torch
 from torch import Tensor
 
-from yolo5l.metrics import PerClassResults
+from yolo5l.annotate import draw_batch, save_rgb
+from yolo5l.files import atomic_open
+from yolo5l.per_class import PerClassResults
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,10 +39,10 @@ __all__ = [
     "RESULTS_PANELS",
     "draw_val_batch",
     "format_per_class_table",
+    "new_figure",
     "per_class_rows",
     "render",
     "results_figure",
-    "save_rgb",
     "to_letterbox",
     "validation_figures",
     "write_per_class_csv",
@@ -92,21 +93,17 @@ def format_per_class_table(results: PerClassResults, names: Sequence[str]) -> st
 def write_per_class_csv(results: PerClassResults, names: Sequence[str], path: str | os.PathLike) -> Path:
     """Write the table as CSV (a `class_id` column added, empty for `all`; values to 6 significant digits), through a
     temporary file so that a reader never sees half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
+    with atomic_open(path, "w") as f:
         writer = csv.writer(f)
         writer.writerow(("class_id", *PER_CLASS_COLUMNS))
         ids = ["", *(str(int(c)) for c in results.classes)]
         for cid, (name, images, instances, *values) in zip(ids, per_class_rows(results, names), strict=True):
             writer.writerow((cid, name, images, instances, *(f"{v:.6g}" for v in values)))
-    os.replace(tmp, path)
-    return path
+    return Path(path)
 
 
 # ---- figures --------------------------------------------------------------------------------------------------------
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -119,15 +116,6 @@ def render(fig: Figure) -> np.ndarray:
     """Draw a figure once on its Agg canvas; returns (H, W, 3) uint8 RGB."""
     fig.canvas.draw()
     return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
-
-
-def save_rgb(rgb: np.ndarray, path: str | os.PathLike) -> Path:
-    """Write (H, W, 3) uint8 RGB as PNG or JPEG (by the suffix)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not cv2.imwrite(str(path), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)):
-        raise OSError(f"could not write {path}")
-    return path
 
 
 def _box_smooth(y: np.ndarray, fraction: float = 0.05) -> np.ndarray:
@@ -144,7 +132,7 @@ def _legend_names(results: PerClassResults, names: Sequence[str]) -> list[str] |
 
 
 def _pr_figure(results: PerClassResults, names: Sequence[str]) -> Figure:
-    fig = _figure(9, 6)
+    fig = new_figure(9, 6)
     ax = fig.add_subplot()
     px, py, legend = results.pr_recall, results.pr_curve, _legend_names(results, names)
     for i, y in enumerate(py):
@@ -162,7 +150,7 @@ def _pr_figure(results: PerClassResults, names: Sequence[str]) -> Figure:
 
 
 def _mc_figure(results: PerClassResults, names: Sequence[str], curves: np.ndarray, ylabel: str) -> Figure:
-    fig = _figure(9, 6)
+    fig = new_figure(9, 6)
     ax = fig.add_subplot()
     px, legend = results.conf_grid, _legend_names(results, names)
     for i, y in enumerate(curves):
@@ -185,7 +173,7 @@ def _confusion_figure(matrix: np.ndarray, names: Sequence[str]) -> Figure:
     nc = matrix.shape[0] - 1
     array = matrix / (matrix.sum(0, keepdims=True) + 1e-9)
     array[array < 0.005] = np.nan
-    fig = _figure(12, 9)
+    fig = new_figure(12, 9)
     ax = fig.add_subplot()
     image = ax.imshow(array, cmap="Blues", vmin=0.0, vmax=1.0)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
@@ -269,7 +257,7 @@ def results_figure(rows: Sequence[Mapping[str, str]]) -> Figure | None:
     data = {key: column(key) for key in RESULTS_PANELS}
     if not any(x.size for x, _ in data.values()):
         return None
-    fig = _figure(12, 6)
+    fig = new_figure(12, 6)
     axes = fig.subplots(2, 5).ravel()
     for ax, (key, (x, y)) in zip(axes, data.items(), strict=True):
         if x.size:
@@ -333,8 +321,6 @@ def draw_val_batch(
         cxcywh = torch.cat(((xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2]), 1)
         rows.append(torch.cat((torch.full((d.shape[0], 1), float(i)), d[:, 5:6], cxcywh), 1))
     pred_targets = torch.cat(rows) if rows else torch.zeros((0, 6))
-    from yolo5l.callbacks.batch_plotter import draw_batch  # here: yolo5l.callbacks imports this module
-
     names = list(names)
     labels = draw_batch(images, targets.detach().float().cpu(), names, max_images)
     return labels, draw_batch(images, pred_targets, names, max_images)

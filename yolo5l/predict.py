@@ -26,9 +26,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from yolo5l._cli import guarded, info, print_outputs, relpath, resume_gc, run_entry_point, unfreeze_start_up
+from yolo5l._cli import guarded, run_entry_point, running
 from yolo5l.config import check_predict_config
-from yolo5l.errors import UserError
+from yolo5l.console import info, print_outputs
+from yolo5l.errors import UserError, shown_path
 from yolo5l.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, Frame, StreamSet, file_frames, is_video, resolve_sources
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "predict"]
@@ -103,7 +104,7 @@ def _classes(cfg: DictConfig, num_classes: int) -> list[int] | None:
 
 
 def _letterboxed(frame: Frame, imgsz: int) -> _Item:
-    from yolo5l.data.augment import letterbox
+    from yolo5l.data.letterbox import letterbox
 
     boxed, ratio, pad = letterbox(frame.image, imgsz, auto=False)
     return frame, boxed, (ratio, pad)
@@ -202,36 +203,35 @@ def predict(cfg: DictConfig) -> list[dict]:
     else:
         workers = max(1, min(int(cfg.batch_size), os.cpu_count() or 1, 4))
         batches = _prefetched(_file_batches(files, int(cfg.batch_size), int(cfg.vid_stride), imgsz, skipped, workers))
-    resume_gc()  # set-up is built (the command line paused the collector for it)
-    stopped = False
-    try:
-        for batch in batches:
-            with times.stage(0):
-                x = torch.from_numpy(np.stack([b[1] for b in batch])).to(device).permute(0, 3, 1, 2)
-                x = (x.half() if _half(cfg, device) else x.float()) / 255
-            with times.stage(1), maps if maps is not None else contextlib.nullcontext():
-                decoded = detector(x)
-            with times.stage(2):
-                dets = non_max_suppression(
-                    decoded.float(), conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres), classes=classes,
-                    agnostic=bool(cfg.agnostic_nms), max_det=int(cfg.max_det),
-                )  # fmt: skip
-            times.images += len(batch)
-            for j, ((frame, _, ratio_pad), det) in enumerate(zip(batch, dets, strict=True)):
-                det = scale_boxes(x.shape[2:], det.cpu(), frame.image.shape[:2], ratio_pad)
-                outputs.add(frame, det.numpy())
-                if maps is not None:
-                    stem = Path(frame.source).stem + ("" if frame.index is None else f"_{frame.index}")
-                    maps.write(out / "visualize" / stem, j)
-    except KeyboardInterrupt:  # Ctrl-C is how a live stream ends: what was seen is written
-        if opened is None:
-            raise
-        stopped = True
-    finally:
-        if opened is not None:
-            opened.close()
-        json_path = outputs.close()
-    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
+    with running():
+        stopped = False
+        try:
+            for batch in batches:
+                with times.stage(0):
+                    x = torch.from_numpy(np.stack([b[1] for b in batch])).to(device).permute(0, 3, 1, 2)
+                    x = (x.half() if _half(cfg, device) else x.float()) / 255
+                with times.stage(1), maps if maps is not None else contextlib.nullcontext():
+                    decoded = detector(x)
+                with times.stage(2):
+                    dets = non_max_suppression(
+                        decoded.float(), conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres),
+                        classes=classes, agnostic=bool(cfg.agnostic_nms), max_det=int(cfg.max_det),
+                    )  # fmt: skip
+                times.images += len(batch)
+                for j, ((frame, _, ratio_pad), det) in enumerate(zip(batch, dets, strict=True)):
+                    det = scale_boxes(x.shape[2:], det.cpu(), frame.image.shape[:2], ratio_pad)
+                    outputs.add(frame, det.numpy())
+                    if maps is not None:
+                        stem = Path(frame.source).stem + ("" if frame.index is None else f"_{frame.index}")
+                        maps.write(out / "visualize" / stem, j)
+        except KeyboardInterrupt:  # Ctrl-C is how a live stream ends: what was seen is written
+            if opened is None:
+                raise
+            stopped = True
+        finally:
+            if opened is not None:
+                opened.close()
+            json_path = outputs.close()
     for line in skipped:
         info(f"skipped {line}")
     print(f"{len(outputs.results)} detections in {outputs.frames} images or frames at {imgsz} px"
@@ -243,11 +243,11 @@ def predict(cfg: DictConfig) -> list[dict]:
     print_outputs(
         "Outputs:",
         {
-            "images": relpath(out) if cfg.save_images else None,
-            "detections": relpath(json_path),
-            "YOLO txt": relpath(out / "labels") if cfg.save_txt else None,
-            "crops": f"{outputs.crops} in {relpath(out / 'crops')}" if cfg.save_crop else None,
-            "feature maps": relpath(out / "visualize") if maps is not None else None,
+            "images": shown_path(out) if cfg.save_images else None,
+            "detections": shown_path(json_path),
+            "YOLO txt": shown_path(out / "labels") if cfg.save_txt else None,
+            "crops": f"{outputs.crops} in {shown_path(out / 'crops')}" if cfg.save_crop else None,
+            "feature maps": shown_path(out / "visualize") if maps is not None else None,
         },
     )
     return outputs.results

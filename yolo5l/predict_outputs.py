@@ -24,13 +24,11 @@ from typing import Any
 import cv2
 import numpy as np
 
-from yolo5l.annotate import crop_box, draw_detections
-from yolo5l.save_preds import atomic_write_text
+from yolo5l.annotate import crop_box, draw_detections, encode_jpeg
+from yolo5l.files import atomic_write
 from yolo5l.sources import Frame
 
 __all__ = ["PredictOutputs"]
-
-_JPEG_CROP = [cv2.IMWRITE_JPEG_QUALITY, 95, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444]
 
 
 def _stem(source: str) -> str:
@@ -110,7 +108,7 @@ class PredictOutputs:
             row = f"{c} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
             lines.append(f"{row} {score:.5f}" if self.save_conf else row)
         if self.save_txt:
-            (self.out / "labels" / f"{file_stem}.txt").write_text("".join(ln + "\n" for ln in lines))
+            atomic_write(self.out / "labels" / f"{file_stem}.txt", "".join(ln + "\n" for ln in lines))
         if not (self.save_images or self.save_crop):
             return
         bgr = cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
@@ -134,7 +132,7 @@ class PredictOutputs:
             n += 1
             path = folder / f"{stem}{n}.jpg"
         folder.mkdir(parents=True, exist_ok=True)
-        cv2.imwrite(str(path), crop, _JPEG_CROP)
+        atomic_write(path, encode_jpeg(crop, quality=95, rgb=False, full_chroma=True))
         self._crop_names.add(path)
         self.crops += 1
 
@@ -149,4 +147,4 @@ class PredictOutputs:
         for writer, _ in self._writers.values():
             writer.release()
         self._writers.clear()
-        return atomic_write_text(self.out / "predictions.json", json.dumps(self.results, indent=1))
+        return atomic_write(self.out / "predictions.json", json.dumps(self.results, indent=1))

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from yolo5l._cli import info, is_rank_zero, relpath
 from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
 from yolo5l.config import merge_resume_config
-from yolo5l.errors import UserError
+from yolo5l.console import info, is_rank_zero
+from yolo5l.errors import UserError, shown_path
+from yolo5l.files import atomic_write
 
 __all__ = ["resume_config", "resume_in_place"]
 
@@ -24,7 +25,7 @@ def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output
     if state.config is not None:
         cfg = merge_resume_config(cfg, state.config, overrides, ckpt_path)
         if is_rank_zero() and (output_dir / ".hydra").is_dir():  # what this run really uses, beside Hydra's files
-            (output_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            atomic_write(output_dir / ".hydra" / "config.yaml", OmegaConf.to_yaml(cfg))
     max_epochs = cfg.trainer.get("max_epochs")
     if max_epochs is not None and 0 <= int(max_epochs) <= state.epochs_done:
         raise UserError(
@@ -32,7 +33,7 @@ def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output
             f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
         )
     at = f", batch {state.batches_done}" if state.batches_done else ""
-    info(f"resuming {relpath(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")
+    info(f"resuming {shown_path(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")
     return cfg
 
 

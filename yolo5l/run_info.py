@@ -127,6 +127,7 @@ def _count(n: float) -> str:
 def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cfg: Any = None) -> dict[str, str]:
     """The start-up block of a training run: label -> `value   [source]`."""
     from lightning.pytorch.accelerators import CPUAccelerator
+    from omegaconf import OmegaConf
 
     from yolo5l.errors import shown_path
     from yolo5l.hardware import loader_workers, precision_reason
@@ -135,8 +136,10 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     choices = dict(hydra_cfg.runtime.choices) if hydra_cfg is not None else {}
     resumed = bool(cfg.get("resume"))
 
-    def auto(value: Any) -> bool:
-        return str(value) == "auto"
+    def auto(value: Any) -> bool:  # `auto`, or a conf default that yolo5l.resolvers resolves (`${auto_precision:...}`)
+        return str(value) == "auto" or str(value).startswith("${auto_")
+
+    raw_trainer = OmegaConf.to_container(cfg.trainer, resolve=False) if OmegaConf.is_config(cfg.trainer) else {}
 
     def row(value: str, *keys: str, why: str | None = None) -> str:
         source = why or next((s for s in (source_of(k, overrides, choices, resumed) for k in keys) if s), None)
@@ -169,7 +172,9 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
         "workers": row(
             f"{workers} per device", "data.num_workers", why=auto_workers if auto(datamodule.num_workers) else None
         ),
-        "precision": row(precision, "trainer.precision", why=auto_precision if auto(cfg.trainer.precision) else None),
+        "precision": row(
+            precision, "trainer.precision", why=auto_precision if auto(raw_trainer.get("precision")) else None
+        ),
         "devices": row(f"{devices} {kind}{nodes}", "trainer.devices", "trainer.accelerator", "trainer"),
         "weights": str(cfg.weights) if cfg.get("weights") else None,
         "resumed from": str(cfg.resume) if resumed else None,
@@ -180,7 +185,7 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
 
 def print_block(title: str, rows: Mapping[str, str | None]) -> None:
     """Print the block (rank 0 only): `title`, then one aligned `label: value   [source]` line per row."""
-    from yolo5l._cli import print_outputs
+    from yolo5l.console import print_outputs
 
     print_outputs(title, rows)
 
@@ -201,7 +206,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
     """
     from omegaconf import open_dict
 
-    from yolo5l._cli import info
+    from yolo5l.console import info
     from yolo5l.errors import shown_path
 
     if overrides is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,28 +26,16 @@ import torch
 from torch import Tensor
 
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_write
 
 __all__ = [
     "CocoIds",
     "PredictionSaver",
-    "atomic_write_text",
     "coco_entries",
     "score_coco_json",
     "txt_lines",
     "with_label_candidates",
 ]
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write `text` to a temporary file beside `path`, then rename it onto `path`: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def with_label_candidates(decoded: Tensor, targets: Tensor, img_hw: Sequence[int]) -> Tensor:
@@ -187,16 +175,14 @@ class PredictionSaver:
             det = det.detach().float().cpu()
             if self.save_txt and det.shape[0]:
                 lines = txt_lines(det, shape[0], self.save_conf)
-                atomic_write_text(
-                    self.out_dir / "labels" / f"{Path(path).stem}.txt", "".join(f"{ln}\n" for ln in lines)
-                )
+                atomic_write(self.out_dir / "labels" / f"{Path(path).stem}.txt", "".join(f"{ln}\n" for ln in lines))
                 self.txt_files += 1
             if self.ids is not None:
                 self.entries += coco_entries(det, self.ids.image_id(path), self.ids.category_ids)
 
     def write_json(self, name: str) -> Path:
         """Write the collected entries as `<out_dir>/<name>`; returns the path."""
-        return atomic_write_text(self.out_dir / name, json.dumps(self.entries))
+        return atomic_write(self.out_dir / name, json.dumps(self.entries))
 
 
 def score_coco_json(anno_json: Path, pred_json: Path, image_ids: Sequence[int | str], max_det: int) -> dict[str, float]:
@@ -220,98 +206,3 @@ def score_coco_json(anno_json: Path, pred_json: Path, image_ids: Sequence[int | 
     evaluator.accumulate()
     evaluator.summarize()
     return {"coco/map": float(evaluator.stats[0]), "coco/map_50": float(evaluator.stats[1])}
-
-
-class SavedOutputs:
-    """What `python -m yolo5l.val` saves besides the metrics, and the score of its COCO results file.
-
-    Args:
-        out_dir: The run folder.
-        save_txt: Write YOLO txt labels (`labels/`).
-        save_conf: Add the score to each txt row.
-        save_json: Write `<weights stem>_predictions.json` in COCO's results format.
-        anno_json: A COCO instances file for the JSON's ids and its score; None looks for v7.0's
-            `<dataset root>/annotations/instances_val2017.json` when validating the val split.
-        names: The dataset's class names.
-        root: The dataset root.
-        split: The split validated.
-        weights: The weights file (its stem names the JSON).
-        max_det: Detections per image that count in the score.
-        image_files: The images validated (called once validation is done).
-    """
-
-    def __init__(
-        self,
-        out_dir: str | os.PathLike[str],
-        *,
-        save_txt: bool,
-        save_conf: bool,
-        save_json: bool,
-        anno_json: str | os.PathLike[str] | None,
-        names: Sequence[str],
-        root: Path,
-        split: str,
-        weights: str,
-        max_det: int,
-        image_files: Callable[[], Sequence[str | os.PathLike[str]]],
-    ) -> None:
-        self.out_dir = Path(out_dir)
-        self.max_det, self.image_files = max_det, image_files
-        ids = None
-        if save_json:
-            default = Path(root) / "annotations" / "instances_val2017.json"
-            if anno_json is not None:
-                ids = CocoIds.from_annotations(anno_json, len(names))
-            elif split == "val" and default.is_file():
-                ids = CocoIds.from_annotations(default, len(names))
-            else:
-                ids = CocoIds.for_names(names)
-        self.ids = ids
-        self.saver = PredictionSaver(self.out_dir, save_txt, save_conf, ids) if save_txt or save_json else None
-        self.json_name = f"{Path(weights).stem}_predictions.json" if save_json else None
-        self.json_path: Path | None = None
-        self.score: dict[str, float] = {}
-        self._callback: Any = None
-
-    def callbacks(self) -> list[Any]:
-        """The Lightning callback that saves during `trainer.validate` (none when nothing is saved)."""
-        if self.saver is None:
-            return []
-        from yolo5l.callbacks.save_predictions import SavePredictions
-
-        self._callback = SavePredictions(self.saver, self.json_name)
-        return [self._callback]
-
-    def finish(self) -> dict[str, float]:
-        """Write the JSON (unless the callback did) and score it against the annotations file when there is one.
-
-        Returns:
-            {"coco/map", "coco/map_50"} from the annotations file, or {}.
-        """
-        if self.saver is None or self.json_name is None:
-            return {}
-        self.json_path = self._callback.json_path if self._callback is not None else None
-        if self.json_path is None:
-            self.json_path = self.saver.write_json(self.json_name)
-        if self.ids is None or self.ids.annotations is None or self.ids.image_ids is None:
-            return {}
-        known = set(self.ids.image_ids.values())
-        validated = [i for i in (self.ids.image_id(p) for p in self.image_files()) if i in known]
-        self.score = score_coco_json(self.ids.annotations, self.json_path, validated, self.max_det)
-        print(
-            f"COCO results scored against {self.ids.annotations.name} (faster-coco-eval, pycocotools' algorithm): "
-            f"mAP@0.5:0.95 {self.score['coco/map']:.4f}, mAP@0.5 {self.score['coco/map_50']:.4f}"
-        )
-        return dict(self.score)
-
-    def outputs(self) -> dict[str, str | None]:
-        """Entries for the run's output listing."""
-        from yolo5l.errors import shown_path
-
-        if self.saver is None:
-            return {}
-        labels = self.out_dir / "labels"
-        return {
-            "YOLO txt": f"{self.saver.txt_files} files in {shown_path(labels)}" if self.saver.save_txt else None,
-            "COCO json": shown_path(self.json_path) if self.json_path is not None else None,
-        }

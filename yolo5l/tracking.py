@@ -1,21 +1,19 @@
-"""Experiment tracking and hyperparameter search, on Lightning's own loggers and Hydra's Optuna sweeper.
+"""Experiment tracking on Lightning's own loggers (the hyperparameter search is `yolo5l.search`).
 
 - `instantiate_entries` builds `train.build`'s callbacks and loggers (`logger=mlflow`, `logger=[tensorboard,wandb]`).
   A tracker whose optional extra is not installed is a one-line `UserError` naming the extra; one whose server cannot
   be reached is one warning line naming it, and training goes on with the other loggers and the run folder. Every
   logger gets the composed config as flattened parameters (`model.width`).
-- `log_image` sends BatchPlotter's drawn batches to MLflow and W&B (TensorBoard gets them from the plotter itself).
+- `add_jpeg`, `log_image`: the drawn batches of BatchPlotter and ValidationPlots as JPEG to TensorBoard, MLflow and
+  W&B.
 - `finish_run`, at the end of `train`: the run's best `val/fitness` (what a sweeper maximises) and, on rank 0,
   weights.pt, metrics.csv and per_class.csv as artifacts of the MLflow and W&B runs.
-- `SearchCallback`, a Hydra callback of `hparams_search=...`: refuses a search key that is not a hyperparameter before
-  any trial runs, and writes the best trial's full hyp as `<sweep dir>/best_hyp.yaml` when the sweep ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import math
 import os
 import tempfile
 import threading
@@ -23,21 +21,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from yolo5l.annotate import encode_jpeg
+from yolo5l.best_fitness import run_fitness
+from yolo5l.console import warn
 from yolo5l.errors import UserError
 
 __all__ = [
     "EXTRAS",
-    "SearchCallback",
+    "add_jpeg",
     "finish_run",
     "flat_config",
     "instantiate_entries",
     "log_image",
-    "run_fitness",
-    "write_best_hyp",
 ]
 
 #: Logger class -> (module it needs, the yolo5l extra that installs it).
@@ -46,12 +44,6 @@ EXTRAS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb"
 PROBE_TIMEOUT_S = 10.0
 #: Tables of the run folder that go to the trackers at the end when they exist, besides weights.pt and metrics.csv.
 RUN_TABLES = ("per_class.csv",)
-
-
-def _warn(message: str) -> None:
-    from yolo5l._cli import info
-
-    info(f"warning: {message}")
 
 
 def _installed(module: str) -> bool:
@@ -77,7 +69,7 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
     """
     from lightning.pytorch.loggers import Logger
 
-    from yolo5l._cli import is_rank_zero
+    from yolo5l.console import is_rank_zero
 
     built: list[Any] = []
     for name, entry in (node or {}).items():
@@ -91,7 +83,7 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
             uri = _mlflow_uri(entry)
             problem = _probe_mlflow(uri)
             if problem is not None:
-                _warn(f"logger={name}: MLflow tracking URI {uri} cannot be reached ({problem}); going on without it")
+                warn(f"logger={name}: MLflow tracking URI {uri} cannot be reached ({problem}); going on without it")
                 continue
         extra = _mlflow_artifacts(entry, node) if kind == "MLFlowLogger" else {}
         obj = instantiate(entry, _convert_="all", **extra)
@@ -99,7 +91,7 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
             problem = _start_wandb(obj)
             if problem is not None:
                 host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
-                _warn(f"logger={name}: the W&B run at {host} cannot start ({problem}); going on without it")
+                warn(f"logger={name}: the W&B run at {host} cannot start ({problem}); going on without it")
                 continue
         built.append(obj)
     loggers = [obj for obj in built if isinstance(obj, Logger)]
@@ -222,14 +214,24 @@ def _kind(logger: Any) -> str | None:
     return name if name in EXTRAS else None
 
 
-def _jpeg(rgb: Any, path: Path, quality: int = 90) -> Path:
-    import cv2
+def add_jpeg(experiment: Any, tag: str, rgb: Any, step: int, quality: int = 90) -> None:
+    """Write an (H, W, 3) uint8 RGB image to a TensorBoard `SummaryWriter` as JPEG.
 
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError(f"JPEG encoding of {path.name} failed")
-    path.write_bytes(buf.tobytes())
-    return path
+    `SummaryWriter.add_image` encodes PNG, whose lossless compression of a mosaic of photos costs far more than JPEG,
+    and a run pays it for every plotted batch at its start (docs/benchmarks.md has the figures). TensorBoard shows
+    any encoded image; this writes the summary `add_image` would, through the same file writer, with JPEG bytes (a
+    writer without one gets `add_image`).
+    """
+    file_writer = getattr(experiment, "_get_file_writer", None)
+    if file_writer is None:
+        experiment.add_image(tag, rgb, step, dataformats="HWC")
+        return
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    image = Summary.Image(
+        height=rgb.shape[0], width=rgb.shape[1], colorspace=3, encoded_image_string=encode_jpeg(rgb, quality)
+    )
+    file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
 
 
 def log_image(logger: Any, tag: str, rgb: Any, step: int) -> bool:
@@ -243,24 +245,13 @@ def log_image(logger: Any, tag: str, rgb: Any, step: int) -> bool:
         return False
     folder, _, name = tag.rpartition("/")
     with tempfile.TemporaryDirectory() as tmp:
-        path = _jpeg(rgb, Path(tmp) / f"{name}.jpg")
+        path = Path(tmp) / f"{name}.jpg"
+        path.write_bytes(encode_jpeg(rgb))
         if kind == "MLFlowLogger":
             logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=folder or None)
         else:
             logger.log_image(key=tag, images=[str(path)], step=step)  # W&B copies the file when it is logged
     return True
-
-
-def run_fitness(trainer: Any) -> float | None:
-    """YOLOv5's fitness of the run: its best validation (ValidationSummary's best row) if it has the callback, else
-    the last `val/fitness` logged; None without a validation."""
-    from yolo5l.callbacks.val_summary import ValidationSummary
-
-    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
-    if summary is not None and summary.best is not None:
-        return float(summary.best["val/fitness"])
-    value = trainer.callback_metrics.get("val/fitness")
-    return float(value) if value is not None else None
 
 
 def run_files(trainer: Any, output_dir: Path) -> list[tuple[Path, str]]:
@@ -293,7 +284,7 @@ def finish_run(trainer: Any, output_dir: str | os.PathLike) -> dict[str, float]:
             try:
                 _log_files(logger, kind, files)
             except Exception as e:
-                _warn(f"{kind}: the run's files were not logged ({_first_line(e)}); they are in {output_dir}")
+                warn(f"{kind}: the run's files were not logged ({_first_line(e)}); they are in {output_dir}")
     return {} if fitness is None else {"val/best_fitness": fitness}
 
 
@@ -311,75 +302,3 @@ def _log_files(logger: Any, kind: str, files: Sequence[tuple[Path, str]]) -> Non
             artifact.add_file(str(path), name=f"{folder}/{path.name}" if folder else path.name)
         run.log_artifact(artifact)
     run.finish()  # a sweep's next trial starts its own run
-
-
-# ---- hyperparameter search ------------------------------------------------------------------------------------------
-def _finite(value: Any) -> float | None:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def write_best_hyp(sweep_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """Write the best trial's full hyp (from its job's `.hydra/config.yaml`) as `<sweep_dir>/best_hyp.yaml`.
-
-    The best trial is the summary.csv row with the highest fitness (what each trial returned to the sweeper).
-
-    Returns:
-        (the file, the summary row of the best trial), or None when no trial finished with a fitness.
-    """
-    from yolo5l.callbacks.sweep import read_summary
-
-    sweep_dir = Path(sweep_dir)
-    table = sweep_dir / "summary.csv"
-    rows = [r for r in read_summary(table) if _finite(r.get("fitness")) is not None] if table.is_file() else []
-    if not rows:
-        return None
-    best = max(rows, key=lambda r: _finite(r["fitness"]))  # type: ignore[arg-type,return-value]
-    job_config = Path(best["output_dir"]) / ".hydra" / "config.yaml"
-    hyp = OmegaConf.load(job_config).hyp
-    header = (
-        f"# The best trial of the search in {sweep_dir}: job {best['job']}, val/fitness {float(best['fitness']):.6g}\n"
-        f"# (its best validation). Train with it: python -m yolo5l.train hyp={sweep_dir / 'best_hyp.yaml'}\n"
-    )
-    path = sweep_dir / "best_hyp.yaml"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(header + OmegaConf.to_yaml(hyp, resolve=True))
-    os.replace(tmp, path)
-    return path, best
-
-
-class SearchCallback(Callback):
-    """Hydra callback of the `hparams_search` configs (`hydra.callbacks`): before the sweep, a search key that is not a
-    hyperparameter is one line and exit code 2 (each trial would fail on it); after it, `best_hyp.yaml`.
-    """
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        import logging
-
-        from yolo5l._cli import fail
-        from yolo5l.config import check_search_space
-
-        # Optuna imports alembic, which logs each of its plugins at INFO: seven lines before every search.
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-        try:
-            check_search_space(config)
-        except UserError as e:
-            fail(str(e))
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from yolo5l._cli import print_outputs, relpath
-
-        sweep_dir = Path(config.hydra.sweep.dir)
-        written = write_best_hyp(sweep_dir)
-        if written is None:
-            return
-        path, best = written
-        with open(sweep_dir / "summary.md", "a") as f:
-            f.write(f"\nThe best trial's hyperparameters (job {best['job']}): `{path.name}`, a conf/hyp file.\n")
-        print_outputs(
-            f"Search done: best job {best['job']}, val/fitness {float(best['fitness']):.4f}. Outputs:",
-            {"table": relpath(sweep_dir / "summary.md"), "best hyp": relpath(path)},
-        )

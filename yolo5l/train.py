@@ -29,24 +29,15 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from yolo5l._cli import (
-    fail,
-    guarded,
-    info,
-    one_console_line_per_log,
-    print_outputs,
-    relpath,
-    resume_gc,
-    run_entry_point,
-    unfreeze_start_up,
-)
+from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
 from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.epoch_line import EpochLine
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
+from yolo5l.console import fail, info, print_outputs
 from yolo5l.divergence import TrainingDiverged
-from yolo5l.errors import UserError
+from yolo5l.errors import UserError, shown_path
 from yolo5l.final_val import validate_best
 from yolo5l.hardware import uses_cuda
 from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
@@ -73,12 +64,11 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch.callbacks import ProgressBar
 
     from yolo5l.amp_check import check_amp
-    from yolo5l.hardware import trainer_policy, tune_host_memory
+    from yolo5l.hardware import resolve_precision
     from yolo5l.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
-    tune_host_memory(bool(cfg.get("tune_malloc", False)))
     datamodule = instantiate(cfg.data, _convert_="all")
     model, loaded = build_model(cfg, datamodule.num_classes)  # cfg.model gets what was built (resume rebuilds it)
     if loaded is not None:
@@ -91,8 +81,9 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         info(f"froze {len(frozen)} parameter tensors (freeze={cfg.freeze})")
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
 
-    policy = trainer_policy(cfg.trainer)  # what `auto` means here: the start-up block says it (yolo5l.run_info)
-    policy["precision"], amp_line = check_amp(model, policy["precision"], str(cfg.trainer.accelerator))
+    accelerator = str(cfg.trainer.accelerator)
+    precision = resolve_precision(cfg.trainer.precision, accelerator)  # conf resolves it; `auto` typed means the same
+    precision, amp_line = check_amp(model, precision, accelerator)
     if amp_line:
         info(amp_line)
     callbacks = _instantiate_all(cfg.get("callbacks"))
@@ -105,7 +96,9 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         callbacks.append(SweepSummary(hc.sweep.dir, int(hc.job.num), list(hc.overrides.task), hc.runtime.output_dir))
     callbacks.append(RunConfig(OmegaConf.to_container(cfg, resolve=False)))  # resume= rebuilds the run from it
     loggers = _instantiate_all(cfg.get("logger"))
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, _convert_="all", **policy)
+    trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision, _convert_="all"
+    )
     return datamodule, module, trainer
 
 
@@ -119,21 +112,6 @@ def _from_scratch_line() -> str:
         f"training from scratch (no weights=); to fine-tune the COCO-pretrained {name} as YOLOv5's train.py does "
         f"by default, add weights={name}.pt"
     )
-
-
-def tune_batch_size(trainer: Any, module: Any, datamodule: Any, tune: DictConfig) -> int:
-    """`data.batch_size=-1`: Lightning's `Tuner.scale_batch_size` on one device; returns the batch found."""
-    from lightning.pytorch.tuner import Tuner
-
-    datamodule.batch_size = int(tune.init_val)
-    found = Tuner(trainer).scale_batch_size(
-        module, datamodule=datamodule, mode=str(tune.mode), init_val=int(tune.init_val),
-        max_val=int(tune.max_val), steps_per_trial=int(tune.steps_per_trial),
-    )  # fmt: skip
-    if not found:
-        raise UserError("data.batch_size=-1: the batch size search found no batch that fits; pass data.batch_size")
-    info(f"batch size search: using data.batch_size={found}")
-    return int(found)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -154,28 +132,28 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule, module, trainer = build(cfg)
     if trainer.is_global_zero:
-        print_block(f"Training in {relpath(output_dir)}:", training_rows(cfg, datamodule, module, trainer, hc))
-    resume_gc()  # set-up is built (the command line paused the collector for it); batch-size search makes cycles
-    if int(cfg.data.batch_size) == -1:
-        with open_dict(cfg):
-            cfg.data.batch_size = tune_batch_size(trainer, module, datamodule, cfg.tune)
-    t0 = time.perf_counter()
-    try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
-    except TrainingDiverged:
-        if hc.mode != RunMode.MULTIRUN:
-            raise  # its line is printed; exit status 65
-        unfreeze_start_up()  # one trial of a sweep (a sampled hyp.lr0 too high): the others go on
-        info("this trial diverged (the line above): the sweep goes on, with fitness 0 for it")
-        return {"val/best_fitness": 0.0}
-    except Exception as e:
-        raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
-        raise
-    wall = time.perf_counter() - t0
+        print_block(f"Training in {shown_path(output_dir)}:", training_rows(cfg, datamodule, module, trainer, hc))
+    with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
+        if int(cfg.data.batch_size) == -1:
+            with open_dict(cfg):
+                cfg.data.batch_size = instantiate(cfg.tune)(trainer, module, datamodule)
+        t0 = time.perf_counter()
+        try:
+            ckpt = str(ckpt_path) if ckpt_path else None
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+        except TrainingDiverged:
+            if hc.mode != RunMode.MULTIRUN:
+                raise  # its line is printed; exit status 65
+            # one trial of a sweep (a sampled hyp.lr0 too high): the others go on
+            info("this trial diverged (the line above): the sweep goes on, with fitness 0 for it")
+            return {"val/best_fitness": 0.0}
+        except Exception as e:
+            raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
+            raise
+        wall = time.perf_counter() - t0
 
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-    validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's
-    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
+        validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's
     if trainer.is_global_zero:
         _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
     return metrics | finish_run(trainer, output_dir)  # best fitness; weights and tables to MLflow / W&B (rank 0)
@@ -191,7 +169,7 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
         ckpt_dir = save_weights(module.model, output_dir / "weights.pt", module.names, imgsz=imgsz, data=data).parent
 
     def existing(path: Path | None) -> str | None:
-        return relpath(path) if path is not None and path.exists() else None
+        return shown_path(path) if path is not None and path.exists() else None
 
     csv = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), None)
     tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
@@ -201,16 +179,16 @@ def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir:
         f"Training done in {wall:.1f} s, {_epochs_done(trainer)}. Outputs:",
         {
             **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
-            "run folder": relpath(output_dir),
+            "run folder": shown_path(output_dir),
             "weights": existing(ckpt_dir / "weights.pt" if ckpt_dir else None),
             "checkpoint": existing(ckpt_dir / "last.ckpt" if ckpt_dir else None),
-            "logs": f"tensorboard --logdir {relpath(output_dir)}" if tb else None,
+            "logs": f"tensorboard --logdir {shown_path(output_dir)}" if tb else None,
             "metrics CSV": existing(csv),
             "config": existing(output_dir / ".hydra" / "config.yaml"),
         },
     )
     if sweep_dir is not None:
-        print_outputs("Sweep summary:", {"table": relpath(sweep_dir / "summary.md")})
+        print_outputs("Sweep summary:", {"table": shown_path(sweep_dir / "summary.md")})
 
 
 def _epochs_done(trainer: Any) -> str:

@@ -22,24 +22,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from yolo5l._cli import (
-    guarded,
-    info,
-    one_console_line_per_log,
-    print_outputs,
-    relpath,
-    resume_gc,
-    run_entry_point,
-    unfreeze_start_up,
-)
+from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
+from yolo5l.callbacks.save_predictions import SavedOutputs
 from yolo5l.config import check_val_config
-from yolo5l.errors import UserError
+from yolo5l.console import info, print_outputs
+from yolo5l.errors import UserError, shown_path
+from yolo5l.files import atomic_write
 from yolo5l.run_info import data_from_weights
-from yolo5l.save_preds import SavedOutputs, atomic_write_text
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
 if TYPE_CHECKING:
-    from yolo5l.metrics import PerClassResults
+    from yolo5l.per_class import PerClassResults
 
     #: The per-class results, the class names and the files written (name -> path).
     _PerClass = tuple[PerClassResults, list[str], dict[str, Path]]
@@ -54,7 +47,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
     from yolo5l.callbacks.val_plots import ValidationPlots
     from yolo5l.exported import is_exported
-    from yolo5l.hardware import trainer_policy
+    from yolo5l.hardware import resolve_precision
     from yolo5l.model_source import check_stride
     from yolo5l.weights import load_weights, resolve_weights
 
@@ -90,10 +83,10 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
     plots = ValidationPlots(plots=bool(cfg.get("plots", True)), out_dir=out, print_table=False)  # printed below
     saved = _saved_outputs(cfg, datamodule)
     callbacks = [plots, *saved.callbacks()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, _convert_="all", **trainer_policy(cfg.trainer))
-    resume_gc()  # set-up is built (the command line paused the collector for it)
-    results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-    unfreeze_start_up()  # this run's objects become collectable (the next run of a sweep needs the memory)
+    precision = resolve_precision(cfg.trainer.precision, str(cfg.trainer.accelerator))  # `auto` typed: the conf's rule
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, precision=precision, _convert_="all")
+    with running():
+        results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     metrics = {k: float(v) for k, v in results.items()}
     if not trainer.is_global_zero:
         return metrics
@@ -131,12 +124,13 @@ def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
 
 
 def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) -> tuple[dict[str, float], _PerClass]:
-    """Validate an exported file (`yolo5l.exported.validate_exported`) with the module config's NMS and metric."""
+    """Validate an exported file (`yolo5l.val_tasks.validate_exported`) with the module config's NMS and metric."""
     import torch
 
     from yolo5l.callbacks.val_plots import write_outputs
-    from yolo5l.exported import load_exported, validate_exported
+    from yolo5l.exported import load_exported
     from yolo5l.hardware import uses_cuda
+    from yolo5l.val_tasks import validate_exported
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     model, names, _, _ = load_exported(str(cfg.weights), device)
@@ -151,12 +145,11 @@ def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) ->
     if cfg.get("plots", True):
         metric.set_num_classes(len(names))
     m = cfg.module
-    resume_gc()  # set-up is built (the command line paused the collector for it)
-    metrics = validate_exported(
-        model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device, single_cls=datamodule.single_cls,
-        saver=saved.saver, hybrid=bool(cfg.save_hybrid),
-    )  # fmt: skip
-    unfreeze_start_up()
+    with running():
+        metrics = validate_exported(
+            model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device,
+            single_cls=datamodule.single_cls, saver=saved.saver, hybrid=bool(cfg.save_hybrid),
+        )  # fmt: skip
     out, results = HydraConfig.get().runtime.output_dir, metric.per_class()
     return metrics, (results, list(names), write_outputs(results, names, out, bool(cfg.get("plots", True))))
 
@@ -172,18 +165,18 @@ def _report(
     if saved is not None:
         metrics.update(saved.finish())
         outputs.update(saved.outputs())
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2))
+    atomic_write(out / "metrics.json", json.dumps(metrics, indent=2))
     print("\n" + " ".join(f"{name:>13}" for name, _ in _TABLE))
     print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
-    outputs = {"metrics": relpath(out / "metrics.json"), **outputs}
+    outputs = {"metrics": shown_path(out / "metrics.json"), **outputs}
     if per_class is not None:
         from yolo5l.plots import format_per_class_table
 
         results, names, files = per_class
         print("\n" + format_per_class_table(results, names))
-        outputs["per-class table"] = relpath(files["per_class.csv"]) if "per_class.csv" in files else None
+        outputs["per-class table"] = shown_path(files["per_class.csv"]) if "per_class.csv" in files else None
         drawn = [name for name in files if name != "per_class.csv"]
-        outputs["plots"] = f"{len(drawn)} files in {relpath(out)} ({', '.join(drawn[:2])}, ...)" if drawn else None
+        outputs["plots"] = f"{len(drawn)} files in {shown_path(out)} ({', '.join(drawn[:2])}, ...)" if drawn else None
     print_outputs("Outputs:", outputs)
     return metrics
 

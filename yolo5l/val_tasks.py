@@ -30,12 +30,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor
 
-from yolo5l._cli import info
+from yolo5l.console import info
 from yolo5l.errors import UserError
 
 __all__ = [
     "SPEED_CONF", "SPEED_IOU", "TASKS", "StageTimes", "check_val_options", "load_detector", "plot_study",
-    "run_timing_task", "speed_line", "split_of", "validation_loop", "write_speed", "write_study",
+    "run_timing_task", "speed_line", "split_of", "validate_exported", "validation_loop", "write_speed", "write_study",
 ]  # fmt: skip
 
 #: v7.0's thresholds for `--task speed`.
@@ -119,8 +119,7 @@ def validation_loop(
     Returns:
         `val/<key>` -> value of the metric, as `trainer.validate` reports them; {} without a metric.
     """
-    from yolo5l.boxes import non_max_suppression, xywh_to_xyxy
-    from yolo5l.module import YOLOv5Module
+    from yolo5l.boxes import labels_to_original, non_max_suppression, to_original
     from yolo5l.save_preds import with_label_candidates
 
     if metric is not None:
@@ -150,15 +149,11 @@ def validation_loop(
             for det in dets:
                 det[:, 5] = 0
         clock.images += bsz
-        dets = YOLOv5Module._to_original(dets, (h, w), shapes)
+        dets = to_original(dets, (h, w), shapes)
         if saver is not None:
             saver.add(dets, paths, shapes)
         if metric is not None:
-            # Ground truth in the same original-image pixels, as YOLOv5Module.validation_step builds it.
-            t = targets[torch.argsort(targets[:, 0], stable=True)]
-            gt_boxes = xywh_to_xyxy(t[:, 2:6] * torch.tensor([w, h, w, h], device=t.device, dtype=t.dtype))
-            gt = torch.cat((gt_boxes, t[:, 1:2]), 1).split(torch.bincount(t[:, 0].long(), minlength=bsz).tolist())
-            metric.update(dets, YOLOv5Module._to_original([g.clone() for g in gt], (h, w), shapes))
+            metric.update(dets, labels_to_original(targets, (h, w), bsz, shapes))
     return {f"val/{k}": float(v) for k, v in metric.compute().items()} if metric is not None else {}
 
 
@@ -168,21 +163,22 @@ STUDY_COLUMNS = ("imgsz", "precision", "recall", "map_50", "map", "pre_process_m
 
 def write_study(rows: Sequence[Sequence[float]], path: Path) -> Path:
     """Write study rows (`STUDY_COLUMNS`) as CSV, atomically."""
-    from yolo5l.save_preds import atomic_write_text
+    from yolo5l.files import atomic_write
 
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(STUDY_COLUMNS)
     for row in rows:
         writer.writerow([int(row[0]), *(f"{v:.6g}" for v in row[1:])])
-    return atomic_write_text(path, buf.getvalue())
+    return atomic_write(path, buf.getvalue())
 
 
 def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
     """study.png: mAP@0.5:0.95 (%) against inference ms per image (v7.0's figure) and against the image size."""
-    from yolo5l.plots import _figure, render, save_rgb
+    from yolo5l.annotate import save_rgb
+    from yolo5l.plots import new_figure, render
 
-    fig = _figure(10, 4)
+    fig = new_figure(10, 4)
     left, right = fig.subplots(1, 2)
     sizes = [r[0] for r in rows]
     maps = [100 * r[4] for r in rows]
@@ -200,9 +196,9 @@ def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
 
 def write_speed(results: Sequence[dict[str, Any]], path: Path) -> Path:
     """speed.json: one entry per batch size, {shape, pre_process_ms, inference_ms, nms_ms, images}."""
-    from yolo5l.save_preds import atomic_write_text
+    from yolo5l.files import atomic_write
 
-    return atomic_write_text(path, json.dumps(list(results), indent=2))
+    return atomic_write(path, json.dumps(list(results), indent=2))
 
 
 # ---- the command line's tasks ----------------------------------------------------------------------------------------
@@ -245,9 +241,7 @@ def _autocast(cfg: DictConfig) -> torch.dtype | None:
     return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
 
 
-def load_detector(
-    cfg: DictConfig, device: torch.device
-) -> tuple[Callable[[Tensor], Tensor], int | None, bool, int]:
+def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tensor], Tensor], int | None, bool, int]:
     """The detector of `cfg.weights` on `device`: a fused eval copy of .pt weights (with `TTADetector` when
     `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported,
     the model's largest stride: 64 for P6, which rectangular batches and image sizes must be multiples of)."""
@@ -280,7 +274,9 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
     """`task=speed` or `task=study` (see the module docstring); returns the last size's metrics (study) or {}."""
     from hydra.core.hydra_config import HydraConfig
 
-    from yolo5l._cli import print_outputs, relpath, resume_gc, unfreeze_start_up
+    from yolo5l._cli import running
+    from yolo5l.console import print_outputs
+    from yolo5l.errors import shown_path
     from yolo5l.hardware import uses_cuda
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
@@ -290,47 +286,92 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
     autocast = None if exported else _autocast(cfg)
     out = Path(HydraConfig.get().runtime.output_dir)
     m = cfg.module
-    resume_gc()
     if str(cfg.task) == "speed":
         results = []
-        for batch in dict.fromkeys((1, int(cfg.data.val_batch_size))):
-            datamodule = instantiate(cfg.data, val_split="val", val_batch_size=batch, _convert_="all")
-            datamodule.stride = stride
-            datamodule.setup("validate")
-            datamodule.val_dataset.rect = False  # square images, as v7.0 times them
-            times = StageTimes(device)
-            validation_loop(
-                detector, datamodule, device, SPEED_CONF, SPEED_IOU, int(m.max_det), times=times, warmup=True,
-                autocast=autocast, single_cls=datamodule.single_cls,
-            )  # fmt: skip
-            shape = (datamodule.val_dataset.batch_size, 3, datamodule.imgsz, datamodule.imgsz)
-            ms = times.per_image_ms()
-            print(speed_line(ms, shape))
-            results.append(
-                {"shape": list(shape), "images": times.images, **dict(zip(STUDY_COLUMNS[5:], ms, strict=True))}
-            )
-        unfreeze_start_up()
-        print_outputs("Outputs:", {"speed": relpath(write_speed(results, out / "speed.json"))})
+        with running():
+            for batch in dict.fromkeys((1, int(cfg.data.val_batch_size))):
+                datamodule = instantiate(cfg.data, val_split="val", val_batch_size=batch, _convert_="all")
+                datamodule.stride = stride
+                datamodule.setup("validate")
+                datamodule.val_dataset.rect = False  # square images, as v7.0 times them
+                times = StageTimes(device)
+                validation_loop(
+                    detector, datamodule, device, SPEED_CONF, SPEED_IOU, int(m.max_det), times=times, warmup=True,
+                    autocast=autocast, single_cls=datamodule.single_cls,
+                )  # fmt: skip
+                shape = (datamodule.val_dataset.batch_size, 3, datamodule.imgsz, datamodule.imgsz)
+                ms = times.per_image_ms()
+                print(speed_line(ms, shape))
+                results.append(
+                    {"shape": list(shape), "images": times.images, **dict(zip(STUDY_COLUMNS[5:], ms, strict=True))}
+                )
+        print_outputs("Outputs:", {"speed": shown_path(write_speed(results, out / "speed.json"))})
         return {}
     rows, metrics = [], {}
     if any(int(size) % stride for size in cfg.study_sizes):
         raise UserError(f"study_sizes={list(cfg.study_sizes)}: each must be a multiple of the model's stride {stride}")
-    for size in cfg.study_sizes:
-        datamodule = instantiate(cfg.data, val_split="val", imgsz=int(size), _convert_="all")
-        datamodule.stride = stride
-        times = StageTimes(device)
-        metrics = validation_loop(
-            detector, datamodule, device, float(m.conf_thres), float(m.iou_thres), int(m.max_det),
-            metric=instantiate(m.metric, _convert_="all"), times=times, warmup=True, autocast=autocast,
-            single_cls=datamodule.single_cls,
-        )  # fmt: skip
-        ms = times.per_image_ms()
-        keys = ("val/precision", "val/recall", "val/map_50", "val/map")
-        rows.append([int(size), *(metrics[k] for k in keys), *ms])
-        print(f"study: imgsz {size}: mAP@0.5 {metrics['val/map_50']:.4f}, mAP@0.5:0.95 {metrics['val/map']:.4f}, "
-              f"{speed_line(ms, (datamodule.val_dataset.batch_size, 3, size, size))[7:]}")  # fmt: skip
-    unfreeze_start_up()
+    with running():
+        for size in cfg.study_sizes:
+            datamodule = instantiate(cfg.data, val_split="val", imgsz=int(size), _convert_="all")
+            datamodule.stride = stride
+            times = StageTimes(device)
+            metrics = validation_loop(
+                detector, datamodule, device, float(m.conf_thres), float(m.iou_thres), int(m.max_det),
+                metric=instantiate(m.metric, _convert_="all"), times=times, warmup=True, autocast=autocast,
+                single_cls=datamodule.single_cls,
+            )  # fmt: skip
+            ms = times.per_image_ms()
+            keys = ("val/precision", "val/recall", "val/map_50", "val/map")
+            rows.append([int(size), *(metrics[k] for k in keys), *ms])
+            print(f"study: imgsz {size}: mAP@0.5 {metrics['val/map_50']:.4f}, mAP@0.5:0.95 {metrics['val/map']:.4f}, "
+                  f"{speed_line(ms, (datamodule.val_dataset.batch_size, 3, size, size))[7:]}")  # fmt: skip
     csv_path = write_study(rows, out / "study.csv")
     png = plot_study(rows, out / "study.png", Path(str(cfg.weights)).stem)
-    print_outputs("Outputs:", {"study table": relpath(csv_path), "study plot": relpath(png)})
+    print_outputs("Outputs:", {"study table": shown_path(csv_path), "study plot": shown_path(png)})
     return metrics
+
+
+def validate_exported(
+    model: Callable[[Tensor], Tensor],
+    datamodule: Any,
+    metric: Any,
+    conf_thres: float = 0.001,
+    iou_thres: float = 0.6,
+    max_det: int = 300,
+    device: str | torch.device = "cpu",
+    single_cls: bool = False,
+    **loop_kwargs: Any,
+) -> dict[str, float]:
+    """The validation of `YOLOv5Module` for a callable that returns decoded boxes (no LightningModule, no loss).
+
+    The same batches, NMS, scaling back to the original images and ground truth as `YOLOv5Module.validation_step`
+    (`validation_loop`), so a file exported with dynamic=true gets the `.pt`'s metrics. A file of
+    one fixed size cannot take the rectangular batches, so it gets square ones at `data.imgsz`, as ultralytics'
+    val.py gives exported models.
+
+    Args:
+        model: `ExportedModel` (or any callable images -> (B, N, 5 + nc)).
+        datamodule: A `YOLODataModule`.
+        metric: `DetectionMAP` or `COCOMap` (`update(dets, gt)`, `compute()`).
+        conf_thres: NMS score threshold.
+        iou_thres: NMS IoU threshold.
+        max_det: Detections kept per image.
+        device: Where the batches and the metric go.
+        single_cls: NMS across classes and every detection class 0 (`YOLOv5Module(single_cls=True)`).
+        **loop_kwargs: `validation_loop`'s options (`saver`, `hybrid`, `times`).
+
+    Returns:
+        `val/<key>` -> value, as `trainer.validate` reports them.
+    """
+    if getattr(model, "size", None) is not None:
+        datamodule.setup("validate")
+        datamodule.val_dataset.rect = False  # read per item: every image is letterboxed to data.imgsz square
+        name = Path(str(getattr(model, "path", "the model"))).name
+        info(
+            f"{name} takes one input size: validating square {datamodule.imgsz} px images, not rectangular batches "
+            "(the mAP differs from the .pt's; export with dynamic=true for the same)"
+        )
+    return validation_loop(
+        model, datamodule, torch.device(device), conf_thres, iou_thres, max_det, metric=metric, single_cls=single_cls,
+        **loop_kwargs,
+    )  # fmt: skip

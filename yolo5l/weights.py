@@ -22,7 +22,6 @@ import logging
 import os
 import pathlib
 import pickle
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from torch import Tensor
 from yolo5l import ultralytics_pt as ult
 from yolo5l.archive import archive_damage
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_open
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.safe_pickle import UnsafeCheckpointError, restricted_pickle
 
@@ -207,7 +207,7 @@ class _KeepWriteError:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
-    """``torch.save`` to a temporary file in the same folder, fsync, then ``os.replace`` onto ``path``.
+    """``torch.save`` through ``yolo5l.files.atomic_open`` (fsync before the rename).
 
     An interrupted write (crash, full disk, kill) leaves the previous file whole: ``os.replace`` is atomic within
     one filesystem on POSIX and Windows.
@@ -215,28 +215,15 @@ def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
     Raises:
         OSError: The write failed (full disk, quota, file-size limit, read-only folder); nothing was replaced.
     """
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
-        with os.fdopen(fd, "wb") as f:
-            sink = _KeepWriteError(f)
-            try:
-                torch.save(obj, sink)
-            except RuntimeError:
-                if sink.error is None:
-                    raise
-                raise sink.error from None  # the full disk, not torch's "unexpected pos"
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    with atomic_open(path, fsync=True) as f:
+        sink = _KeepWriteError(f)
+        try:
+            torch.save(obj, sink)
+        except RuntimeError:
+            if sink.error is None:
+                raise
+            raise sink.error from None  # the full disk, not torch's "unexpected pos"
+    return pathlib.Path(path)
 
 
 def save_weights(

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.archive import archive_damage
+from yolo5l.best_fitness import BestFitness, best_of
 from yolo5l.divergence import first_non_finite
 from yolo5l.errors import UserError, shown_path
 from yolo5l.weights import atomic_save, save_weights
@@ -105,7 +106,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class LastCheckpoint(ModelCheckpoint):
     """`last.ckpt` every `every_n_epochs` epochs (and at the end), `best.pt` (the stripped weights of the best
-    validation by `val/fitness`, as YOLOv5 keeps best.pt), `best.ckpt` too if asked, and the stripped `weights.pt` at
+    validation by `val/fitness`, as YOLOv5 keeps best.pt: the module's record `YOLOv5Module.best` says which one;
+    a module without one gets no best.pt), `best.ckpt` too if asked, and the stripped `weights.pt` at
     the end of fit, all in `dirpath` (default: the logger's `checkpoints/` folder).
 
     Resume with `trainer.fit(module, datamodule, ckpt_path=".../last.ckpt")`.
@@ -139,22 +141,31 @@ class LastCheckpoint(ModelCheckpoint):
             save_on_train_epoch_end=True,  # after validation (it runs inside the epoch), also on epochs without it
         )
         self.save_best = save_best
-        self.best_fitness: float | None = None
-        self.best_epoch: int | None = None
+        self._record: BestFitness | None = None
         self.weights_name = weights_name
         self.save_period = int(save_period)
+
+    @property
+    def best_fitness(self) -> float | None:
+        """The fitness of best.pt (the module's record, `YOLOv5Module.best`)."""
+        return self._record.fitness if self._record is not None else None
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch of best.pt."""
+        return self._record.epoch if self._record is not None else None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if trainer.sanity_checking or trainer.state.fn != "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._record is None:
             return
-        fit = trainer.callback_metrics.get("val/fitness")
-        if fit is None:
-            return
-        fit = float(fit)  # once per validation; identical on all ranks (the metric is computed after a gather)
-        if self.best_fitness is None or fit >= self.best_fitness:
-            self.best_fitness, self.best_epoch = fit, trainer.current_epoch
+        if self._record.latest_is_best:  # the module recorded this validation (identical on all ranks)
             with stop_on_write_error(trainer, os.path.join(self.dirpath, "best.pt"), _weights_nbytes(pl_module)):
                 self._write_best_weights(trainer, pl_module)
             if self.save_best:
@@ -222,16 +233,6 @@ class LastCheckpoint(ModelCheckpoint):
     def saved_at_step(self, global_step: int) -> bool:
         """Whether this callback's last write was at `global_step` (PreemptionCheckpoint asks at an epoch end)."""
         return self._last_global_step_saved == global_step
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.best_fitness = state_dict.get("best_fitness")
-        self.best_epoch = state_dict.get("best_epoch")
-        super().load_state_dict(state_dict)
 
 
 def _non_finite(checkpoint: dict[str, Any]) -> str | None:

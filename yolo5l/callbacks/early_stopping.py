@@ -9,6 +9,8 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from yolo5l.best_fitness import BestFitness, best_of
+
 __all__ = ["FitnessEarlyStopping"]
 
 
@@ -18,7 +20,8 @@ class FitnessEarlyStopping(EarlyStopping):
     Lightning's `EarlyStopping` underneath: it checks after each validation and its state (the count, the best score)
     is saved in checkpoints, so a resumed run keeps counting. `patience` counts validations: with the default
     validation every epoch that is YOLOv5's epochs; with `callbacks.val_interval.n=k` it is k x patience epochs. A
-    fitness equal to the best does not count as an improvement (YOLOv5 counts it).
+    fitness equal to the best does not count as an improvement (YOLOv5 counts it). The best epoch it names is best.pt's
+    (the module's record, `YOLOv5Module.best`).
 
     Args:
         patience: validations without improvement before stopping (YOLOv5's default is 100 epochs).
@@ -32,28 +35,33 @@ class FitnessEarlyStopping(EarlyStopping):
             monitor="val/fitness", mode="max", patience=patience, min_delta=min_delta, strict=False,
             check_on_train_epoch_end=False,
         )  # fmt: skip
-        self.best_epoch: int | None = None
+        self._record: BestFitness | None = None
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch of the best validation (best.pt's)."""
+        return self._record.epoch if self._record is not None else None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         if self._should_skip_check(trainer) or self.monitor not in trainer.callback_metrics:
             return
-        if self.wait_count == 0:  # this validation improved on the best
-            self.best_epoch = trainer.current_epoch
         if trainer.should_stop and self.stopped_epoch == trainer.current_epoch:
+            record = self._record
+            best = f"epoch {record.epoch} ({record.fitness:.4f})" if record and record.fitness is not None else "kept"
             rank_zero_info(
                 f"early stopping at epoch {trainer.current_epoch}: val/fitness has not improved for {self.patience} "
-                f"validations; the best was epoch {self.best_epoch} ({float(self.best_score):.4f}), kept as best.pt"
+                f"validations; the best was {best}, kept as best.pt"
             )
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "best_epoch": self.best_epoch}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         patience = self.patience  # the resumed run's setting wins over the checkpoint's
         super().load_state_dict(state_dict)
         self.patience = patience
-        self.best_epoch = state_dict.get("best_epoch")

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from filelock import FileLock
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from typing_extensions import override
+
+from yolo5l.best_fitness import run_fitness
+from yolo5l.files import atomic_write, file_lock
 
 COLUMNS = (
     "job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir", "fitness",
@@ -47,7 +49,7 @@ class SweepSummary(Callback):
 
     Throughput comes from the ThroughputMonitor's `train/images_per_sec` and `train/data_wait` (median over
     the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`,
-    fitness from the best validation (`yolo5l.tracking.run_fitness`: what the job returns to a sweeper).
+    fitness from the best validation (`yolo5l.best_fitness.run_fitness`: what the job returns to a sweeper).
 
     Args:
         sweep_dir: The sweep folder (`hydra.sweep.dir`).
@@ -89,8 +91,6 @@ class SweepSummary(Callback):
 
     def write(self, trainer: pl.Trainer, status: str) -> dict[str, Any]:
         """Collect this job's row from the trainer's logged metrics and append it to the table."""
-        from yolo5l.tracking import run_fitness
-
         wall = time.perf_counter() - self._t0 if self._t0 is not None else float("nan")
         fitness = run_fitness(trainer)
         history = _metric_history(trainer)
@@ -138,22 +138,12 @@ def append_row(sweep_dir: str | os.PathLike, row: Mapping[str, Any], rank_by: st
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     csv_path = sweep_dir / "summary.csv"
-    with _summary_lock(sweep_dir):
+    with file_lock(sweep_dir / ".summary.lock", "the sweep summary"):  # removed by its holder: jobs and tables only
         rows = read_summary(csv_path) if csv_path.exists() else []
         rows = [r for r in rows if str(r["job"]) != str(row["job"])]  # a re-run job replaces its row
         rows.append({k: row.get(k, "") for k in COLUMNS})
-        _atomic_write(csv_path, _render_csv(rows))
-        _atomic_write(sweep_dir / "summary.md", render_markdown(rows, rank_by))
-
-
-def _summary_lock(sweep_dir: Path) -> Any:
-    """The lock of the sweep's summary (`.summary.lock`), removed by its holder: the sweep folder keeps the jobs and
-    the tables only. flock where there is one (`yolo5l.download.file_lock`), else the `filelock` package's lock,
-    which removes its file on Windows."""
-    from yolo5l.download import fcntl, file_lock
-
-    path = sweep_dir / ".summary.lock"
-    return file_lock(path, "the sweep summary") if fcntl is not None else FileLock(str(path))
+        atomic_write(csv_path, _render_csv(rows))
+        atomic_write(sweep_dir / "summary.md", render_markdown(rows, rank_by))
 
 
 def read_summary(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -249,9 +239,3 @@ def _short(override: str) -> str:
         return f"{key}={float(value):.4g}"
     except ValueError:
         return override
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,14 +40,18 @@ class ThroughputMonitor(Callback):
     Args:
         warn_above: data-wait share above which a hint is printed.
         verbose: print a one-line summary every epoch on rank 0 (off in conf/: `EpochLine` prints the figures).
+        clock: seconds of a monotonic clock (tests pass a clock they move by hand).
     """
 
-    def __init__(self, warn_above: float = 0.10, verbose: bool = True) -> None:
+    def __init__(
+        self, warn_above: float = 0.10, verbose: bool = True, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.warn_above = float(warn_above)
         self.verbose = verbose
+        self.clock = clock
         self.last: dict[str, float] = {}
         self._warned_at: float | None = None  # the share of the last hint
-        self._reset(time.perf_counter())
+        self._reset(self.clock())
 
     def _reset(self, now: float) -> None:
         self._t0 = self._t_end = now
@@ -55,18 +60,18 @@ class ThroughputMonitor(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._reset(time.perf_counter())  # a run resumed inside an epoch starts without its on_train_epoch_start
+        self._reset(self.clock())  # a run resumed inside an epoch starts without its on_train_epoch_start
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _sync(pl_module.device)
-        self._reset(time.perf_counter())
+        self._reset(self.clock())
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        self._wait += time.perf_counter() - self._t_end
+        self._wait += self.clock() - self._t_end
         images = batch[0] if isinstance(batch, list | tuple) else batch
         self._images += int(images.shape[0])  # shape is host metadata: no sync
 
@@ -76,7 +81,7 @@ class ThroughputMonitor(Callback):
     ) -> None:
         if batch_idx + 1 >= trainer.num_training_batches:
             _sync(pl_module.device)  # the epoch's last training batch: its queued device work counts
-        self._t_end = time.perf_counter()
+        self._t_end = self.clock()
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

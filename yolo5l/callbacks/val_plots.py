@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 if TYPE_CHECKING:
-    from yolo5l.metrics import PerClassResults
+    from yolo5l.per_class import PerClassResults
 
 __all__ = ["ValidationPlots", "write_outputs"]
 
@@ -146,8 +146,9 @@ class ValidationPlots(Callback):
             tb.flush()
 
     def _draw_batches(self, names: Sequence[str], out: Path, tensorboards: Sequence[Any], step: int) -> None:
-        from yolo5l.callbacks.batch_plotter import write_jpeg
-        from yolo5l.plots import draw_val_batch, save_rgb, to_letterbox
+        from yolo5l.annotate import save_rgb
+        from yolo5l.plots import draw_val_batch, to_letterbox
+        from yolo5l.tracking import add_jpeg
 
         for i, (img, targets, dets, shapes) in sorted(self._batches.items()):
             hw = img.shape[2:]
@@ -156,7 +157,7 @@ class ValidationPlots(Callback):
             for kind, rgb in zip(("labels", "pred"), drawn, strict=True):
                 self.files[f"val_batch{i}_{kind}.jpg"] = save_rgb(rgb, out / f"val_batch{i}_{kind}.jpg")
                 for tb in tensorboards:
-                    write_jpeg(tb, f"val/batch{i}_{kind}", rgb, step)
+                    add_jpeg(tb, f"val/batch{i}_{kind}", rgb, step)
 
 
 def write_outputs(

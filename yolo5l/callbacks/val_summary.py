@@ -9,7 +9,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-__all__ = ["ValidationSummary"]
+from yolo5l.best_fitness import BestFitness, best_of
+
+__all__ = ["ValidationSummary", "format_row"]
 
 #: (column title, metric key) in ultralytics' order.
 COLUMNS = (
@@ -24,7 +26,8 @@ def format_row(row: dict[str, float]) -> str:
 
 class ValidationSummary(Callback):
     """After each validation in training, print the epoch's precision, recall and mAPs on rank 0, and remember the
-    last row and the best one by YOLOv5's fitness (0.1 mAP@0.5 + 0.9 mAP@0.5:0.95) for the closing summary.
+    last row for the closing summary; the best row is the module's record (`YOLOv5Module.best`, by YOLOv5's fitness
+    0.1 mAP@0.5 + 0.9 mAP@0.5:0.95).
 
     The values are the ones the module logged (already gathered over ranks); reading them costs one host sync per
     validation, not per step.
@@ -36,7 +39,19 @@ class ValidationSummary(Callback):
     def __init__(self, verbose: bool = True) -> None:
         self.verbose = verbose
         self.last: dict[str, Any] | None = None
-        self.best: dict[str, Any] | None = None
+        self._record: BestFitness | None = None
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """The best validation's row (`val/*` values and its epoch), None before the first."""
+        record = self._record
+        if record is None or record.row is None:
+            return None
+        return {**record.row, "epoch": record.epoch}
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -49,16 +64,14 @@ class ValidationSummary(Callback):
         row["val/fitness"] = float(metrics["val/fitness"])
         row["epoch"] = trainer.current_epoch
         self.last = row
-        if self.best is None or row["val/fitness"] >= self.best["val/fitness"]:
-            self.best = row
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
         if self.verbose:
             rank_zero_info(f"epoch {trainer.current_epoch}{epochs} val: {format_row(row)}")
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"last": self.last, "best": self.best}
+        return {"last": self.last}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.last, self.best = state_dict.get("last"), state_dict.get("best")
+        self.last = state_dict.get("last")

@@ -22,13 +22,11 @@ Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,9 +35,10 @@ import cv2
 import numpy as np
 import psutil
 
-from yolo5l.data.augment import resize_long_side, resized_shape
 from yolo5l.data.images import dct_scale, read_image, read_image_reduced
 from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
+from yolo5l.data.letterbox import resize_long_side, resized_shape
+from yolo5l.files import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -250,17 +249,12 @@ class ImageCache:
             return img
         p = self.npy_path(i)
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, suffix=".tmp")
-            with os.fdopen(fd, "wb") as f:
+            with atomic_open(p) as f:  # a reader never sees half a file
                 np.save(f, img)
-            os.replace(tmp, p)  # atomic: a reader never sees half a file
             t_img = os.stat(self.im_files[i]).st_mtime
             if p.stat().st_mtime < t_img:  # image stamped in the future (clock skew): never look stale again
                 os.utime(p, (t_img, t_img))
         except OSError as e:
-            with contextlib.suppress(Exception):
-                os.unlink(tmp)
             if not self._disk_warned:
                 self._disk_warned = True
                 try:  # numpy's short write loses the errno: the free space tells a full disk apart

@@ -37,6 +37,7 @@ import yaml
 
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, LIST_SUFFIX, format_labels
+from yolo5l.files import atomic_write
 
 __all__ = [
     "COCO80_TO_91",
@@ -140,9 +141,7 @@ def _merge_yaml(yaml_path: Path, names: Sequence[str], updates: Mapping[str, Any
         data["download"] = download
     ordered = {k: data[k] for k in ("path", "train", "val") if k in data}
     ordered.update({k: v for k, v in data.items() if k not in ordered})
-    tmp = yaml_path.with_name(yaml_path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True))
-    os.replace(tmp, yaml_path)
+    atomic_write(yaml_path, yaml.safe_dump(ordered, sort_keys=False, allow_unicode=True))
 
 
 def _link_images(images: Path, target: Path) -> None:

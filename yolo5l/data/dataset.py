@@ -31,6 +31,8 @@ import torch
 from torch.utils.data import Dataset
 
 from yolo5l.data import augment as aug
+from yolo5l.data import letterbox as lbx
+from yolo5l.data import mosaic as mos
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.cache import ImageCache
 from yolo5l.data.label_scan import LabelIndex
@@ -79,8 +81,8 @@ class YOLODataset(Dataset):
         cache: str = "none",
         cache_dir: str | None = None,
         reduced_decode: bool = True,
-        stride: int = aug.MAX_STRIDE,
-        pad: float = aug.RECT_PAD,
+        stride: int = lbx.MAX_STRIDE,
+        pad: float = lbx.RECT_PAD,
         prefix: str = "",
         single_cls: bool = False,
     ) -> None:
@@ -95,7 +97,7 @@ class YOLODataset(Dataset):
         im_files, labels, shapes = list(index.im_files), list(index.labels), np.asarray(index.shapes)
         self.batch_shapes: np.ndarray | None = None
         if self.rect:
-            order, self.batch_shapes = aug.rect_batch_shapes(shapes, batch_size, self.imgsz, stride, pad)
+            order, self.batch_shapes = lbx.rect_batch_shapes(shapes, batch_size, self.imgsz, stride, pad)
             im_files = [im_files[i] for i in order]
             labels = [labels[i] for i in order]
             shapes = shapes[order]
@@ -156,10 +158,10 @@ class YOLODataset(Dataset):
         idx = [idx[i] for i in rng.permutation(4)]
         labels = [self.labels[i] for i in idx]
         if h["copy_paste"] or h["perspective"]:
-            img, lab4 = aug.mosaic4([self.load_image(i)[0] for i in idx], labels, s, (xc, yc))
-            img, lab4 = aug.copy_paste_boxes(img, lab4, p=h["copy_paste"], rng=rng)
+            img, lab4 = mos.mosaic4([self.load_image(i)[0] for i in idx], labels, s, (xc, yc))
+            img, lab4 = mos.copy_paste_boxes(img, lab4, p=h["copy_paste"], rng=rng)
             return self._perspective(img, lab4, rng, border=self.mosaic_border)
-        return aug.mosaic4_perspective(
+        return mos.mosaic4_perspective(
             [functools.partial(self._tile, i) for i in idx], labels, s, (xc, yc), self.mosaic_border, h["degrees"],
             h["translate"], h["scale"], h["shear"], rng, shapes=[self.cache.resized_hw(i) for i in idx],
         )  # fmt: skip
@@ -199,7 +201,7 @@ class YOLODataset(Dataset):
     def _letterboxed(self, index: int) -> tuple[np.ndarray, np.ndarray, Shapes]:
         img, (h0, w0), (h, w) = self.load_image(index)
         shape = tuple(self.batch_shapes[index // self.batch_size]) if self.rect else self.imgsz
-        out, (rh, rw), (pw, ph) = aug.letterbox(img, shape, auto=False, scaleup=self.augment)
+        out, (rh, rw), (pw, ph) = lbx.letterbox(img, shape, auto=False, scaleup=self.augment)
         if out is img:
             out = img.copy()  # the cached array must stay untouched by the in-place ops below
         shapes = ((h0, w0), ((h * rh / h0, w * rw / w0), (pw, ph)))
@@ -239,7 +241,7 @@ class YOLODataset(Dataset):
             if rng.random() < h["mixup"]:
                 partner = int(rng.choice(self.indices))  # uniform, weighted or not (v7.0: random.randint(0, n - 1))
                 more = None if partners is None else partners[3:6]
-                img, labels = aug.mixup(img, labels, *self.load_mosaic(partner, rng, more), rng=rng)
+                img, labels = mos.mixup(img, labels, *self.load_mosaic(partner, rng, more), rng=rng)
         else:
             img, labels, shapes = self._letterboxed(index)
             if rng is not None:

@@ -11,6 +11,7 @@ Reference: ultralytics/yolov5 v7.0 ``utils/general.py::check_dataset`` (the keys
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
@@ -22,8 +23,9 @@ import yaml
 
 from yolo5l.data.coco2yolo import COCO_NAMES, PRESETS
 from yolo5l.data.layout import DATA_YAML, IMG_FORMATS, LIST_SUFFIX, DatasetError, is_image_file, label_cache_path
-from yolo5l.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, file_lock, is_url
+from yolo5l.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, is_url
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_write, file_lock
 
 __all__ = [
     "ALL_SPLITS", "PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name",
@@ -135,13 +137,10 @@ def preset_data(preset: str) -> dict[str, Any]:
 def _write_preset(preset: str, path: Path) -> dict[str, Any]:
     data = preset_data(preset)
     text = f"# data={preset}: written by yolo5l; the data is downloaded on first use when missing\n"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-        os.replace(tmp, path)  # concurrent ranks write the same text: whichever rename lands last is whole
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only location: use the content without the file
+    # Concurrent ranks write the same text: whichever rename lands last is whole. A read-only location: the
+    # content is used without the file.
+    with contextlib.suppress(OSError):
+        atomic_write(path, text + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return data
 
 

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ import numpy as np
 
 from yolo5l.data.label_check import CORRUPT, EMPTY, MISSING, OK, Verified, empty_labels, verify_image_label
 from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, probe_write, user_cache_dir
+from yolo5l.files import atomic_open, atomic_write, file_lock
 
 __all__ = ["CACHE_VERSION", "MAX_SCAN_THREADS", "LabelIndex", "ScanReport", "scan_labels"]
 
@@ -169,28 +169,21 @@ def _load_cache(path: Path, expect_hash: str) -> LabelIndex | None:
 
 
 def _save_cache(path: Path, index: LabelIndex, files_hash: str) -> None:
-    """Write the cache atomically: a temp file in the same folder, then os.replace."""
+    """Write the cache atomically (`yolo5l.files.atomic_open`)."""
     r = index.report
     meta = {"version": CACHE_VERSION, "hash": files_hash, "report": r.counts()}
     counts = np.array([len(lb) for lb in index.labels], dtype=np.int64)
     flat = np.concatenate(index.labels, 0) if index.labels else empty_labels()
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(
-                f,
-                meta=np.array(json.dumps(meta)),
-                im_files=np.array(index.im_files, dtype=str),
-                counts=counts,
-                labels=flat.astype(np.float32),
-                shapes=index.shapes.astype(np.int64),
-                messages=np.array(r.messages, dtype=str),
-            )
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as f:
+        np.savez(
+            f,
+            meta=np.array(json.dumps(meta)),
+            im_files=np.array(index.im_files, dtype=str),
+            counts=counts,
+            labels=flat.astype(np.float32),
+            shapes=index.shapes.astype(np.int64),
+            messages=np.array(r.messages, dtype=str),
+        )
 
 
 def _save_cache_or_warn(path: Path, index: LabelIndex, files_hash: str, split: str) -> None:
@@ -205,12 +198,10 @@ def _save_cache_or_warn(path: Path, index: LabelIndex, files_hash: str, split: s
 
 @contextlib.contextmanager
 def _scan_lock(cache_path: Path, split: str) -> Iterator[None]:
-    """An exclusive lock (POSIX flock, `yolo5l.download.file_lock`) so that one process per machine builds a cache
+    """An exclusive lock (`yolo5l.files.file_lock`) so that one process per machine builds a cache
     while the others (DDP ranks, sweep jobs) wait and then read it. The lock file lives in the user cache and is
     removed by its holder; without a writable user cache (or flock) there is no lock, and the atomic cache write
     keeps concurrent builders correct."""
-    from yolo5l.download import file_lock
-
     folder = user_cache_dir("locks")
     try:
         probe_write(folder)
@@ -225,10 +216,7 @@ def _scan_lock(cache_path: Path, split: str) -> Iterator[None]:
 def _write_log(log_path: Path, report: ScanReport, split: str) -> Path | None:
     try:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = log_path.with_name(log_path.name + f".{os.getpid()}.tmp")
-        tmp.write_text(report.summary(split) + "\n" + "".join(m + "\n" for m in report.messages))
-        os.replace(tmp, log_path)
-        return log_path
+        return atomic_write(log_path, report.summary(split) + "\n" + "".join(m + "\n" for m in report.messages))
     except OSError:
         return None
 

@@ -1,4 +1,5 @@
-"""Atomic writes of exported files and folders, and the metadata forms ultralytics' loaders read.
+"""Atomic writes of exported folders (files: `yolo5l.files.atomic_write`), and the metadata forms ultralytics'
+loaders read.
 
 ultralytics/yolov5 v7.0 `models/common.py::DetectMultiBackend` reads `stride` and `names` from: ONNX
 `metadata_props` (`names` evaluated as a Python literal), TorchScript's `config.txt` (JSON), a `<stem>.yaml` beside an
@@ -20,27 +21,17 @@ from typing import Any
 
 import yaml
 
+from yolo5l.files import atomic_write
+
 __all__ = [
     "append_metadata",
     "atomic_folder",
     "read_appended_metadata",
     "ultralytics_metadata",
-    "write_atomic",
     "write_yaml",
 ]
 
 TFLITE_META_NAME = "meta.txt"  # the member name tflite_support gives the associated file in v7.0's export
-
-
-def write_atomic(data: bytes, path: Path) -> None:
-    """Write `data` to a temporary file beside `path`, then rename: an interrupted write never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -76,7 +67,7 @@ def ultralytics_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
 def write_yaml(path: Path, meta: Mapping[str, Any]) -> None:
     """The metadata as YAML (names as a dict), the form of v7.0's OpenVINO `<stem>.yaml`."""
     text = yaml.safe_dump(ultralytics_metadata(meta), sort_keys=False, allow_unicode=True)
-    write_atomic(text.encode(), path)
+    atomic_write(path, text.encode())
 
 
 def append_metadata(data: bytes, meta: Mapping[str, Any]) -> bytes:

@@ -50,7 +50,7 @@ def calibration_images(files: list[Path], imgsz: int) -> list[np.ndarray]:
     Raises:
         UserError: An image that cannot be read.
     """
-    from yolo5l.data.augment import letterbox
+    from yolo5l.data.letterbox import letterbox
 
     out = []
     for f in files:

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolo5l.deploy._io import write_atomic, write_yaml
+from yolo5l.deploy._io import write_yaml
 from yolo5l.deploy.formats import require_extra
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_write
 
 __all__ = ["CalibrationBatches", "check_cuda", "export_engine", "load_engine"]
 
@@ -138,7 +139,7 @@ def export_engine(
     cache.unlink(missing_ok=True)
     if engine is None:
         raise UserError("format=engine: TensorRT could not build the engine (its log above says why)")
-    write_atomic(bytes(engine), path)
+    atomic_write(path, bytes(engine))
     write_yaml(path.with_suffix(".yaml"), meta)
     return path
 

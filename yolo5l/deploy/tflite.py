@@ -24,10 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolo5l.deploy._io import append_metadata, read_appended_metadata, write_atomic
+from yolo5l.deploy._io import append_metadata, read_appended_metadata
 from yolo5l.deploy.formats import require_extra
 from yolo5l.deploy.graph import StaticDecoded
 from yolo5l.errors import UserError
+from yolo5l.files import atomic_write
 from yolo5l.models.yolo import YOLOv5
 
 __all__ = ["convert_tflite", "export_tflite", "load_tflite", "quantize_tflite"]
@@ -112,7 +113,7 @@ def export_tflite(
         The file.
     """
     data = quantize_tflite(convert_tflite(model, batch, imgsz), half, calibration)
-    write_atomic(append_metadata(data, meta), path)
+    atomic_write(path, append_metadata(data, meta))
     return path
 
 

@@ -34,6 +34,8 @@ from torch import Tensor, nn
 
 from yolo5l.models import blocks
 from yolo5l.models.common import BN_EPS, BN_MOMENTUM, C3, SPPF, Bottleneck, Concat, Conv
+from yolo5l.models.head import Detect, anchors_to_tensor, make_upsample
+from yolo5l.models.p5 import p5_rows
 
 __all__ = [
     "ANCHORS_P3_P6",
@@ -203,8 +205,6 @@ def load_spec(cfg: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, Any]
 
 def builtin_name(spec: Mapping[str, Any]) -> str | None:
     """``"p5"`` or ``"p6"`` when the spec's layers are a built-in table (any nc, multiples or anchors), else None."""
-    from yolo5l.models.yolo import p5_rows
-
     if spec.get("ch", 3) != 3 or spec.get("activation") is not None:
         return None
     rows = json.dumps([*spec["backbone"], *spec["head"]])
@@ -235,7 +235,7 @@ class BuiltLayers:
     """What :func:`build_layers` returns.
 
     Attributes:
-        layers: The modules, layer ``i`` at index ``i``; the last one is the :class:`~yolo5l.models.yolo.Detect`.
+        layers: The modules, layer ``i`` at index ``i``; the last one is the :class:`~yolo5l.models.head.Detect`.
         froms: Per layer: ``-1`` (the previous output), an earlier layer's index, or a tuple of them.
         save: Indices of the layers whose outputs later layers read.
         strides: Stride of each Detect input, in pixels.
@@ -278,8 +278,6 @@ def _anchor_levels(anchors: Any, nl: int, source: str) -> Tensor:
     elif isinstance(anchors, int):
         px = placeholder_anchors(anchors, nl)
     else:
-        from yolo5l.models.yolo import anchors_to_tensor
-
         px = anchors_to_tensor(anchors, nl)
     if px.shape[0] != nl:
         raise ValueError(f"{source}: {px.shape[0]} anchor levels for a Detect head with {nl} inputs")
@@ -312,8 +310,6 @@ def build_layers(
     Raises:
         ValueError: A row that cannot be built (one line naming ``source`` and the layer).
     """
-    from yolo5l.models.yolo import Detect, _make_upsample
-
     nc = int(spec["nc"] if num_classes is None else num_classes)
     gd = float(spec["depth_multiple"] if depth is None else depth)
     gw = float(spec["width_multiple"] if width is None else width)
@@ -374,7 +370,7 @@ def build_layers(
             else:
                 c2 = c_of(f, i)
             if block is nn.Upsample and args in ([None, 2, "nearest"], [None, 2.0, "nearest"]) and n == 1:
-                module: nn.Module = _make_upsample(fused_upsample)
+                module: nn.Module = make_upsample(fused_upsample)
             else:
                 module = nn.Sequential(*(block(*args) for _ in range(n))) if n > 1 else block(*args)
         except (TypeError, ValueError, IndexError, RuntimeError) as e:

@@ -13,8 +13,6 @@ Reference: ultralytics/yolov5 v7.0 ``models/yolov5s.yaml`` and ``models/yolo.py`
 from __future__ import annotations
 
 import json
-import logging
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -23,222 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from yolo5l.models.common import C3, SPPF, Concat, Conv
+from yolo5l.models.head import ANCHORS_P3_P5, STRIDES, Detect, anchors_to_tensor, make_upsample
+from yolo5l.models.p5 import LAYERS, SAVE, SCALES, make_divisible, scaled_repeats
 
-log = logging.getLogger(__name__)
-
-# Default anchors in pixels, (w, h) pairs, 3 per level: P3/8, P4/16, P5/32 (yolov5s.yaml).
-ANCHORS_P3_P5: tuple[tuple[int, ...], ...] = (
-    (10, 13, 16, 30, 33, 23),
-    (30, 61, 62, 45, 59, 119),
-    (116, 90, 156, 198, 373, 326),
-)
-STRIDES: tuple[float, ...] = (8.0, 16.0, 32.0)
-
-# depth_multiple, width_multiple of the released sizes (models/yolov5{n,s,m,l,x}.yaml).
-SCALES: dict[str, tuple[float, float]] = {
-    "yolov5n": (0.33, 0.25),
-    "yolov5s": (0.33, 0.50),
-    "yolov5m": (0.67, 0.75),
-    "yolov5l": (1.0, 1.0),
-    "yolov5x": (1.33, 1.25),
-}
-
-# The v7.0 backbone + head before scaling: (from, repeats, block, args).
-# Conv args (c2, k, s[, p]); C3 args (c2[, shortcut]); SPPF (c2, k); Concat (dim,).
-_LAYERS: tuple[tuple[int | tuple[int, ...], int, str, tuple[Any, ...]], ...] = (
-    (-1, 1, "Conv", (64, 6, 2, 2)),  # 0  P1/2
-    (-1, 1, "Conv", (128, 3, 2)),  # 1  P2/4
-    (-1, 3, "C3", (128,)),  # 2
-    (-1, 1, "Conv", (256, 3, 2)),  # 3  P3/8
-    (-1, 6, "C3", (256,)),  # 4
-    (-1, 1, "Conv", (512, 3, 2)),  # 5  P4/16
-    (-1, 9, "C3", (512,)),  # 6
-    (-1, 1, "Conv", (1024, 3, 2)),  # 7  P5/32
-    (-1, 3, "C3", (1024,)),  # 8
-    (-1, 1, "SPPF", (1024, 5)),  # 9
-    (-1, 1, "Conv", (512, 1, 1)),  # 10
-    (-1, 1, "Upsample", ()),  # 11
-    ((-1, 6), 1, "Concat", (1,)),  # 12 cat backbone P4
-    (-1, 3, "C3", (512, False)),  # 13
-    (-1, 1, "Conv", (256, 1, 1)),  # 14
-    (-1, 1, "Upsample", ()),  # 15
-    ((-1, 4), 1, "Concat", (1,)),  # 16 cat backbone P3
-    (-1, 3, "C3", (256, False)),  # 17 (P3/8 out)
-    (-1, 1, "Conv", (256, 3, 2)),  # 18
-    ((-1, 14), 1, "Concat", (1,)),  # 19 cat head P4
-    (-1, 3, "C3", (512, False)),  # 20 (P4/16 out)
-    (-1, 1, "Conv", (512, 3, 2)),  # 21
-    ((-1, 10), 1, "Concat", (1,)),  # 22 cat head P5
-    (-1, 3, "C3", (1024, False)),  # 23 (P5/32 out)
-    ((17, 20, 23), 1, "Detect", ()),  # 24
-)
-SAVE: tuple[int, ...] = (4, 6, 10, 14, 17, 20, 23)
-
-
-def _make_divisible(x: float, divisor: int = 8) -> int:
-    return int(math.ceil(x / divisor) * divisor)
-
-
-def _scaled_repeats(n: int, depth: float) -> int:
-    # parse_model: n' = max(round(n * depth), 1) only when n > 1 (3 -> 1, 6 -> 2, 9 -> 3 at 0.33).
-    return max(round(n * depth), 1) if n > 1 else n
-
-
-def p5_rows() -> list[list[Any]]:
-    """The P5 table as v7.0 model-yaml rows (``backbone + head``), e.g. to recognise a checkpoint's yaml."""
-    rows: list[list[Any]] = []
-    for f, n, block, args in _LAYERS:
-        if block == "Upsample":
-            block, args = "nn.Upsample", (None, 2, "nearest")
-        elif block == "Detect":
-            args = ("nc", "anchors")
-        rows.append([f if isinstance(f, int) else list(f), n, block, list(args)])
-    return rows
-
-
-def anchors_to_tensor(anchors: Any, nl: int | None = len(STRIDES)) -> Tensor:
-    """Turn anchors given as ``nl`` lists of 2·na numbers (or an (nl, na, 2) nest / tensor) into a float tensor.
-
-    Args:
-        anchors: Pixel anchors, (w, h) pairs per level; lists, tuples, OmegaConf ListConfigs or a tensor.
-        nl: Number of levels expected (3 for P3-P5); None accepts any.
-
-    Returns:
-        (nl, na, 2) float32 tensor in pixels.
-
-    Raises:
-        ValueError: If the anchors are not ``nl`` levels of the same number of (w, h) pairs.
-    """
-    if isinstance(anchors, Tensor):
-        flat = [anchors[i].reshape(-1).tolist() for i in range(anchors.shape[0])]
-    else:
-        flat = []
-        for level in anchors:
-            values: list[float] = []
-            for v in level:
-                if isinstance(v, (int, float)):
-                    values.append(float(v))
-                else:  # a (w, h) pair
-                    values.extend(float(u) for u in v)
-            flat.append(values)
-    if (nl is not None and len(flat) != nl) or len({len(v) for v in flat}) != 1 or len(flat[0]) % 2 or not flat[0]:
-        levels = f"{nl} levels" if nl is not None else "levels"
-        example = f", e.g. {[list(a) for a in ANCHORS_P3_P5]}" if nl == len(STRIDES) else ""
-        raise ValueError(f"anchors must be {levels} of the same number of (w, h) pixel pairs{example}; got {flat}")
-    return torch.tensor(flat, dtype=torch.float32, device="cpu").view(len(flat), -1, 2)
-
-
-class Detect(nn.Module):
-    """YOLOv5 detection head: one 1x1 conv (with bias) per level producing ``na * (5 + C)`` channels.
-
-    Args:
-        num_classes: Number of classes C.
-        anchors: (nl, na, 2) anchors in pixels; stored as the buffer ``anchors`` in grid units of each level.
-        ch: Input channels of each level.
-        strides: Stride of each level in pixels.
-    """
-
-    def __init__(self, num_classes: int, anchors: Tensor, ch: Sequence[int], strides: Sequence[float] = STRIDES):
-        super().__init__()
-        self.nc = num_classes
-        self.no = num_classes + 5  # outputs per anchor: x, y, w, h, obj, classes
-        self.nl, self.na = anchors.shape[:2]
-        if len(ch) != self.nl or len(strides) != self.nl:
-            raise ValueError(f"Detect: {self.nl} anchor levels but {len(ch)} inputs and {len(strides)} strides")
-        self.m = nn.ModuleList(nn.Conv2d(c, self.na * self.no, 1) for c in ch)
-        stride = torch.tensor(strides, dtype=torch.float32, device=anchors.device)
-        anchors = anchors.clone().float()
-        # check_anchor_order: anchor area must grow with stride; flip the levels if the config lists them reversed.
-        area = anchors.prod(-1).mean(-1)  # (nl,) mean anchor area per level
-        da, ds = float(area[-1] - area[0]), float(stride[-1] - stride[0])
-        if da and math.copysign(1.0, da) != math.copysign(1.0, ds):
-            log.info("Reversing anchor order to match stride order")
-            anchors = anchors.flip(0)
-        self.register_buffer("anchors", anchors / stride.view(-1, 1, 1))  # (nl, na, 2) grid units
-        self.register_buffer("stride", stride, persistent=False)  # (nl,)
-        self._grids: dict[tuple[Any, ...], Tensor] = {}
-        self._initialize_biases()
-
-    @torch.no_grad()
-    def _initialize_biases(self) -> None:
-        # RetinaNet-style prior (focal loss paper §3.3): ~8 objects per 640 image, class prob ~0.6 / nc.
-        for conv, s in zip(self.m, self.stride.tolist(), strict=True):
-            b = conv.bias.view(self.na, self.no)
-            b[:, 4] += math.log(8 / (640 / s) ** 2)
-            b[:, 5:] += math.log(0.6 / (self.nc - 0.99999))
-
-    def forward(self, xs: list[Tensor]) -> list[Tensor]:
-        """Apply the per-level convs.
-
-        Args:
-            xs: ``nl`` feature maps (B, ch_i, H/s_i, W/s_i).
-
-        Returns:
-            ``nl`` raw heads (B, na, H/s_i, W/s_i, 5 + C): contiguous, or with a channels_last input a strided view
-            whose last dim is dense.
-        """
-        out = []
-        for conv, x in zip(self.m, xs, strict=True):
-            x = conv(x)  # (B, na * no, ny, nx)
-            b, _, ny, nx = x.shape
-            h = x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2)
-            # channels_last: the view is (B, ny, nx, na, no) in memory, so its last dim is already dense and the
-            # loss and decode read it as it is; .contiguous() would add a transposing copy of every head to the
-            # forward and to the backward.
-            out.append(h if h.stride(-1) == 1 else h.contiguous())
-        return out
-
-    def _grid(self, ny: int, nx: int, like: Tensor) -> Tensor:
-        # Cell offsets minus 0.5 (folding the "- 0.5" of xy = 2σ - 0.5 + grid), (1, 1, ny, nx, 2) as (x, y).
-        # Keyed by inference mode too: an inference tensor must not meet autograd outside inference_mode.
-        key = (ny, nx, like.device, like.dtype, torch.is_inference_mode_enabled())
-        grid = self._grids.get(key)
-        if grid is None:
-            if len(self._grids) >= 64:  # rectangular validation sees many sizes; keep the cache bounded
-                self._grids.clear()
-            y = torch.arange(ny, device=like.device, dtype=like.dtype)
-            x = torch.arange(nx, device=like.device, dtype=like.dtype)
-            yv, xv = torch.meshgrid(y, x, indexing="ij")
-            grid = (torch.stack((xv, yv), -1) - 0.5).view(1, 1, ny, nx, 2)
-            self._grids[key] = grid
-        return grid
-
-    def decode(self, heads: Sequence[Tensor]) -> Tensor:
-        """Decode raw heads into boxes, as YOLOv5's Detect does in inference.
-
-        ``xy = (2σ(t_xy) - 0.5 + grid) * stride``, ``wh = (2σ(t_wh))² * anchor_pixels``, objectness and class
-        scores as sigmoids. No host syncs; grids cached per feature-map size.
-
-        Args:
-            heads: ``nl`` raw heads (B, na, ny, nx, 5 + C).
-
-        Returns:
-            (B, N, 5 + C) with N = Σ na·ny·nx: cx, cy, w, h in input pixels, objectness, class scores.
-        """
-        if len(heads) != self.nl:
-            raise ValueError(f"decode expects {self.nl} heads, got {len(heads)}")
-        out = []
-        for i, h in enumerate(heads):
-            b, na, ny, nx, no = h.shape
-            y = h.sigmoid()
-            xy, wh, conf = y.split((2, 2, no - 4), -1)
-            stride = self.stride[i]
-            xy = (xy * 2 + self._grid(ny, nx, y)) * stride  # (B, na, ny, nx, 2) pixels
-            anchor_px = (self.anchors[i] * stride).view(1, na, 1, 1, 2)
-            wh = (wh * 2) ** 2 * anchor_px  # (B, na, ny, nx, 2) pixels
-            out.append(torch.cat((xy, wh.to(xy.dtype), conf.to(xy.dtype)), -1).reshape(b, na * ny * nx, no))
-        return torch.cat(out, 1)
-
-
-def _make_upsample(fused: bool) -> nn.Module:
-    if fused:
-        try:
-            from yolo5l_kernels.upsample import UpsampleNearest2x
-        except ImportError:
-            log.warning("fused_upsample=True but yolo5l_kernels.upsample is unavailable; using nn.Upsample")
-        else:
-            return UpsampleNearest2x()
-    return nn.Upsample(scale_factor=2.0, mode="nearest")
+__all__ = ["ANCHORS_P3_P5", "SCALES", "STRIDES", "Detect", "YOLOv5", "anchors_to_tensor", "freeze_layers"]
 
 
 class YOLOv5(nn.Module):
@@ -336,19 +122,19 @@ class YOLOv5(nn.Module):
         layers: list[nn.Module] = []
         froms: list[int | tuple[int, ...]] = []
         ch: list[int] = [3]  # output channels per layer; ch[-1] is the current input
-        for i, (f, n, block, args) in enumerate(_LAYERS):
+        for i, (f, n, block, args) in enumerate(LAYERS):
             c_in = ch[-1] if f == -1 else None
             if block == "Conv":
-                c2 = _make_divisible(args[0] * self.width)
+                c2 = make_divisible(args[0] * self.width)
                 m: nn.Module = Conv(c_in, c2, *args[1:])
             elif block == "C3":
-                c2 = _make_divisible(args[0] * self.width)
-                m = C3(c_in, c2, _scaled_repeats(n, self.depth), *args[1:])
+                c2 = make_divisible(args[0] * self.width)
+                m = C3(c_in, c2, scaled_repeats(n, self.depth), *args[1:])
             elif block == "SPPF":
-                c2 = _make_divisible(args[0] * self.width)
+                c2 = make_divisible(args[0] * self.width)
                 m = SPPF(c_in, c2, *args[1:])
             elif block == "Upsample":
-                c2, m = ch[-1], _make_upsample(self.fused_upsample)
+                c2, m = ch[-1], make_upsample(self.fused_upsample)
             elif block == "Concat":
                 c2, m = sum(ch[-1] if j == -1 else ch[j + 1] for j in f), Concat(*args)
             else:  # Detect

@@ -1,0 +1,199 @@
+"""The package's floors, as docs/design.md ("## Floors") declares them, against its imports as a reader sees them.
+
+Every `import` and `from ... import` of yolo5l and yolo5l_kernels counts, at module level and inside functions
+(`TYPE_CHECKING` blocks too: a reader follows them the same way). A module may import from its own floor and the
+floors below; no import may point up, and no modules may import each other round a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+#: import name -> folder
+PACKAGES = {"yolo5l": ROOT / "yolo5l", "yolo5l_kernels": ROOT / "kernels"}
+DESIGN = ROOT / "docs" / "design.md"
+ROOT_ONLY = frozenset({"yolo5l"})
+
+
+def read_floors(text: str, roots: tuple[str, ...] = tuple(PACKAGES)) -> list[tuple[str, list[str]]]:
+    """The `## Floors` section's list, top floor first: [(floor name, [the modules and packages it names])]: the
+    names in backticks that start with one of `roots`."""
+    section = re.search(r"^## Floors\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section, "docs/design.md has no '## Floors' section"
+    floors = []
+    for item in re.findall(r"^- \*\*([^*]+)\*\*:(.*(?:\n  .*)*)", section.group(1), re.M):
+        name, body = item
+        names = re.findall(r"`([A-Za-z_][\w.]*)`", body)
+        floors.append((name, [n for n in names if n.split(".")[0] in roots]))
+    return floors
+
+
+def find_modules(packages: Mapping[str, Path]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of `packages` (a package's `__init__.py` is the package)."""
+    modules = {}
+    for top, folder in packages.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if any(p.startswith(".") or p == "__pycache__" for p in parts):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((top, *parts))] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: Mapping[str, Path]) -> Iterator[tuple[str, int]]:
+    """(imported module of `modules`, line) for each import in the file, wherever it stands in the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` the module mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # `import a.b.c` of a name inside a.b: the module a.b
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                yield target, node.lineno
+
+
+def import_graph(packages: Mapping[str, Path]) -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line}."""
+    modules = find_modules(packages)
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, {})
+        for target, line in imports_of(name, path, modules):
+            edges.setdefault(target, line)
+    return graph
+
+
+def covers(name: str, module: str) -> bool:
+    """Whether a listed name stands for `module`: itself, or a package's module (the root package `yolo5l` stands
+    for its `__init__` only, so that a module left off the list is found)."""
+    return module == name or (name not in ROOT_ONLY and module.startswith(name + "."))
+
+
+def floor_of(module: str, floors: list[tuple[str, list[str]]]) -> int | None:
+    """The floor number of `module` (0 is the bottom) by its longest listed name; None when none is listed."""
+    best, best_len = None, -1
+    for number, (_, prefixes) in enumerate(reversed(floors)):
+        for prefix in prefixes:
+            if covers(prefix, module) and len(prefix) > best_len:
+                best, best_len = number, len(prefix)
+    return best
+
+
+def upward_imports(graph: Mapping[str, Mapping[str, int]], floors: list[tuple[str, list[str]]]) -> list[str]:
+    names = [name for name, _ in reversed(floors)]
+    found = []
+    for module, edges in sorted(graph.items()):
+        here = floor_of(module, floors)
+        for target, line in sorted(edges.items()):
+            there = floor_of(target, floors)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module}:{line} ({names[here]}) imports {target} ({names[there]})")
+    return found
+
+
+def circles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+@pytest.fixture(scope="module")
+def floors():
+    return read_floors(DESIGN.read_text())
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(PACKAGES)
+
+
+def test_every_module_has_a_floor(graph, floors):
+    missing = sorted(m for m in graph if floor_of(m, floors) is None)
+    assert not missing, f"modules on no floor of docs/design.md's '## Floors': {missing}"
+
+
+def test_every_listed_name_is_a_module(graph, floors):
+    listed = [p for _, prefixes in floors for p in prefixes]
+    stale = [p for p in listed if not any(covers(p, m) for m in graph)]
+    assert not stale, f"docs/design.md's '## Floors' names what is not in the package: {stale}"
+
+
+def test_no_import_points_up(graph, floors):
+    found = upward_imports(graph, floors)
+    assert not found, "imports from a lower floor to a higher one:\n" + "\n".join(found)
+
+
+def test_no_import_circle(graph):
+    found = circles(graph)
+    assert not found, "modules that import each other round a circle:\n" + "\n".join(" <-> ".join(g) for g in found)
+
+
+def test_the_walk_reads_imports_as_a_reader_does(tmp_path):
+    """The checker on a package of its own: imports inside functions, `from pkg import module`, relative imports
+    and TYPE_CHECKING blocks all count; a circle and an upward import are both found."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from pkg.sub import high\n")  # up, and inside a function
+    (pkg / "sub" / "high.py").write_text("from .. import mid\n")  # relative
+    (pkg / "mid.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.low\nimport os\n"
+    )  # fmt: skip
+    graph = import_graph({"pkg": pkg})
+    assert graph["pkg.low"] == {"pkg.sub.high": 2}
+    assert graph["pkg.sub.high"] == {"pkg.mid": 1}
+    assert graph["pkg.mid"] == {"pkg.low": 3}
+    assert circles(graph) == [["pkg.low", "pkg.mid", "pkg.sub.high"]]
+    floors = read_floors(
+        "## Floors\n- **top**: `pkg.sub`, `other`,\n  `pkg`\n- **bottom**: `pkg.low`, `pkg.mid`\n", ("pkg",)
+    )
+    assert floors == [("top", ["pkg.sub", "pkg"]), ("bottom", ["pkg.low", "pkg.mid"])]
+    assert upward_imports(graph, floors) == ["pkg.low:2 (bottom) imports pkg.sub.high (top)"]

@@ -1,0 +1,112 @@
+"""Image sizes of YOLOv5 v7.0's loaders: the long-side resize, the letterbox, and the shapes of rectangular batches.
+
+Reference: ultralytics/yolov5 v7.0 utils/augmentations.py (`letterbox`) and utils/dataloaders.py
+(`LoadImagesAndLabels`: `load_image`, `rect`) (behaviour, not code).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+__all__ = ["FILL", "MAX_STRIDE", "RECT_PAD", "letterbox", "rect_batch_shapes", "resize_long_side", "resized_shape"]
+
+FILL = 114  # grey used for every border, as in YOLOv5
+MAX_STRIDE = 32  # the model's largest stride: letterboxed and rectangular batch shapes are multiples of it
+RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's val pad)
+
+
+def resized_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
+    """(h, w) after resizing so that the long side equals ``imgsz`` (aspect kept, at least 1 px)."""
+    r = imgsz / max(h0, w0)
+    if r == 1:
+        return int(h0), int(w0)
+    return max(1, round(h0 * r)), max(1, round(w0 * r))
+
+
+def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
+    """Resize so the long side equals ``imgsz``: INTER_LINEAR when augmenting or upscaling, else INTER_AREA."""
+    h0, w0 = img.shape[:2]
+    h, w = resized_shape(h0, w0, imgsz)
+    if (h, w) == (h0, w0):
+        return img
+    interp = cv2.INTER_LINEAR if (augment or h > h0) else cv2.INTER_AREA
+    return cv2.resize(img, (w, h), interpolation=interp)
+
+
+def letterbox(
+    img: np.ndarray,
+    new_shape: int | Sequence[int] = 640,
+    color: int = FILL,
+    auto: bool = False,
+    scaleup: bool = True,
+    stride: int = MAX_STRIDE,
+) -> tuple[np.ndarray, tuple[float, float], tuple[float, float]]:
+    """Resize keeping the aspect ratio and pad to ``new_shape`` (h, w) with ``color``.
+
+    Args:
+        img: HWC uint8.
+        new_shape: target (h, w), or an int for a square.
+        auto: pad only up to the next multiple of ``stride`` (minimum rectangle) instead of to ``new_shape``.
+        scaleup: allow enlarging; validation uses False (only shrink, which then uses INTER_AREA).
+
+    Returns:
+        ``(image, (ratio_h, ratio_w), (pad_w, pad_h))`` where pad is the left/top padding (half of the total).
+    """
+    shape = img.shape[:2]
+    if isinstance(new_shape, int):
+        new_shape = (new_shape, new_shape)
+    r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
+    if not scaleup:
+        r = min(r, 1.0)
+    new_unpad = (round(shape[1] * r), round(shape[0] * r))  # (w, h)
+    dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
+    if auto:
+        dw, dh = dw % stride, dh % stride
+    dw, dh = dw / 2, dh / 2
+    if shape[::-1] != new_unpad:
+        interp = cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA
+        img = cv2.resize(img, new_unpad, interpolation=interp)
+    top, bottom = round(dh - 0.1), round(dh + 0.1)
+    left, right = round(dw - 0.1), round(dw + 0.1)
+    if top or bottom or left or right:
+        img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(color, color, color))
+    ratio = (new_unpad[1] / shape[0], new_unpad[0] / shape[1])
+    return img, ratio, (float(left), float(top))
+
+
+def rect_batch_shapes(
+    shapes_hw: np.ndarray, batch_size: int, imgsz: int, stride: int = MAX_STRIDE, pad: float = RECT_PAD
+) -> tuple[np.ndarray, np.ndarray]:
+    """Order images by aspect ratio and give each batch one letterbox shape.
+
+    Args:
+        shapes_hw: (n, 2) original [h, w].
+
+    Returns:
+        ``(order, batch_shapes)``: the (n,) permutation that sorts by h/w, and (nb, 2) int [h, w] per batch of
+        ``batch_size`` consecutive images in that order: ``ceil(shape * imgsz / stride + pad) * stride`` where
+        shape is [max h/w, 1] for tall-free batches (all h/w < 1), [1, 1 / min h/w] when all h/w > 1, else [1, 1].
+
+    Reference: YOLOv5 utils/dataloaders.py LoadImagesAndLabels (rect).
+    """
+    ar = shapes_hw[:, 0] / shapes_hw[:, 1]
+    order = ar.argsort(kind="stable")
+    ar = ar[order]
+    n = len(ar)
+    nb = max(1, math.ceil(n / batch_size))
+    rel = np.ones((nb, 2))
+    for b in range(nb):
+        ari = ar[b * batch_size : (b + 1) * batch_size]
+        if len(ari) == 0:
+            continue
+        lo, hi = ari.min(), ari.max()
+        if hi < 1:
+            rel[b] = [hi, 1]
+        elif lo > 1:
+            rel[b] = [1, 1 / lo]
+    batch_shapes = (np.ceil(rel * imgsz / stride + pad).astype(int) * stride).astype(int)
+    return order, batch_shapes
