@@ -68,7 +68,7 @@ def pt_map(weights, dataset, tmp) -> dict[str, float]:
     """The .pt's metrics; the static formats validate square images, so the .pt is scored on those too (ultralytics'
     val.py does the same for exported models) through its fixed-size ONNX twin."""
     metrics = _val(weights, dataset, tmp / "val_pt")
-    assert metrics["val/map_50"] > 0.005, metrics  # it detects some shapes: the comparisons are not of zeros
+    assert metrics["val/map_50"] > 0.5, metrics  # it detects most shapes: the tolerances compare real detections
     square = _export(weights, tmp / "square.onnx")  # fp32, fixed 128x128 like the static formats
     return {"rect": metrics, "square": _val(square, dataset, tmp / "val_square")}
 

@@ -171,6 +171,6 @@ def test_v7_loader_reads_stride_names_and_outputs(dropin, fmt):
 def test_v7_val_scores_what_yolo5l_val_scores(dropin, fmt):
     ref = _reference(dropin, fmt)
     ours = _val(Path(dropin["files"][fmt]), dropin["dataset"], dropin["tmp"] / f"val_{fmt}")
-    assert ours["val/map_50"] > 0.005, ours  # it detects some shapes: the comparison is not of zeros
+    assert ours["val/map_50"] > 0.5, ours  # it detects most shapes: the comparison is of real detections
     assert ref["map50"] == pytest.approx(ours["val/map_50"], abs=0.01)
     assert ref["map"] == pytest.approx(ours["val/map"], abs=0.01)
