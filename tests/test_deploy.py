@@ -330,3 +330,26 @@ def test_missing_extra_names_it(weights, tmp, monkeypatch, fmt, module, extra):
     with pytest.raises(UserError) as e:
         _export(weights, tmp / "noextra.out", f"format={fmt}")
     assert str(e.value) == f'format={fmt} needs the {extra} extra: pip install -e ".[{extra}]"'
+
+
+def test_benchmark_command_scores_and_times_each_format(weights, dataset, tmp):
+    """`python -m yolo5l.benchmark`: a row per format (file size, mAP, ms per image) in benchmark.csv; the dynamic ONNX
+    file scores what the .pt scores on the same (rectangular) batches."""
+    import csv
+    import subprocess
+
+    run = tmp / "benchmark"
+    args = [f"weights={weights}", *data_overrides(dataset), "data.num_workers=0", "data.cache=none",
+            "formats=[pytorch,onnx]", "timing_runs=2", f"hydra.run.dir={run}"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "yolo5l.benchmark", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with open(run / "benchmark.csv", newline="") as f:
+        rows = {r["format"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["pytorch", "onnx"], rows
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    pt, onnx = rows["pytorch"], rows["onnx"]
+    assert float(pt["map_50"]) > 0.5, pt
+    assert float(onnx["ms_per_image"]) > 0, onnx
+    assert float(onnx["size_mb"]) > 1, onnx
+    for key in ("map", "map_50"):
+        assert float(onnx[key]) == pytest.approx(float(pt[key]), abs=TOLERANCE["fp32"]), key

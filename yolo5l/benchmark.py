@@ -67,8 +67,12 @@ def _time(run: Any, imgsz: int, runs: int) -> float:
 
 
 def _val_overrides() -> list[str]:
+    """The command line's overrides for the validation runs; the .pt is scored in fp32 (not the CPU's bf16 autocast)
+    unless `trainer.precision=` says otherwise, as the exported files run and as v7.0's benchmark validates it."""
     task = HydraConfig.get().overrides.task
-    return [o for o in task if o.split("=", 1)[0].lstrip("+~") not in (*_OWN_KEYS, "weights")]
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in task]
+    own = [o for o, k in zip(task, keys, strict=True) if k not in (*_OWN_KEYS, "weights")]
+    return own if "trainer.precision" in keys else ["trainer.precision=32", *own]
 
 
 def _calibration(cfg: DictConfig, imgsz: int) -> Any:
@@ -169,7 +173,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console entry point (`python -m yolo5l.benchmark`, `yolo5l-benchmark`)."""
-    run_entry_point(_hydra_main)
+    run_entry_point(_hydra_main, "benchmark")
 
 
 if __name__ == "__main__":
