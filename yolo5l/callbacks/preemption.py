@@ -143,7 +143,10 @@ class PreemptionCheckpoint(Checkpoint):
 
             if get_worker_info() is not None:
                 return  # a DataLoader worker (before its init made it ignore the signal): the main process decides
-            self._pass_on(signum, frame)  # anything else (a multiprocessing pool's worker): as if never installed
+            # Anything else (a multiprocessing pool's worker) ends as the signal's default action ends it: the
+            # handler this one replaced may itself defer the signal (Lightning's), and Pool.terminate() would wait.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
         if not self._active:
             self._pass_on(signum, frame)
