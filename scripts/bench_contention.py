@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--pairs", action="store_true", help="two yolo5l trainings on one host (see the docstring)")
     args = p.parse_args(argv)
+    unknown = [n for n in args.neighbours.split(",") if n and n not in ("spin", "torch", "yolo5l")]
+    if unknown:  # before any run, not after the first one
+        p.error(f"unknown neighbour(s) {', '.join(unknown)}: use spin, torch or yolo5l")
     if args.pairs:
         with tempfile.TemporaryDirectory(prefix="bench_pairs_") as tmp:
             pairs(args, Path(tmp))

@@ -212,6 +212,13 @@ def test_bench_contention_names_what_to_install_when_the_reference_is_missing(tm
     assert "yolov5==7.0.14" in r.stderr
 
 
+def test_bench_contention_refuses_an_unknown_neighbour_before_any_run():
+    r = _script("bench_contention.py", "--no-reference", "--neighbours", "spin,spinn")
+    assert r.returncode == 2
+    assert "unknown neighbour(s) spinn: use spin, torch or yolo5l" in r.stderr.strip().splitlines()[-1]
+    assert "round 0" not in r.stdout
+
+
 @pytest.mark.bench
 def test_bench_contention_times_yolo5l_alone_and_beside_a_neighbour(tmp_path):
     """yolo5l alone and beside a one-core load at tiny settings: the table has both rows and their slowdown."""
