@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from yolo5l.models import blocks
+import yolo5l.models.blocks as blocks
 from yolo5l.models.common import BN_EPS, BN_MOMENTUM, C3, SPPF, Bottleneck, Concat, Conv
 from yolo5l.models.head import Detect, anchors_to_tensor, make_upsample
 from yolo5l.models.p5 import p5_rows
