@@ -1,4 +1,4 @@
-"""Time yolo5l's AutoAnchor check (`yolo5l.autoanchor.check_anchors`) against ultralytics/yolov5 v7.0's
+"""Time yolo5l's AutoAnchor check (`yolo5l.training.autoanchor.check_anchors`) against ultralytics/yolov5 v7.0's
 (`utils/autoanchor.py::check_anchors`, run from the `yolov5==7.0.14` package) on the same labels.
 
 Two label sets: the thin boxes of issue 23 (vertical and horizontal bars 2-5 px wide, 60-300 px long, 640 px images,
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from yolo5l.autoanchor import anchor_metrics, check_anchors, label_wh
 from yolo5l.models.yolo import ANCHORS_P3_P5
+from yolo5l.training.autoanchor import anchor_metrics, check_anchors, label_wh
 
 # Runs in the reference interpreter: v7.0's check_anchors on a stand-in dataset (shapes (w, h), labels per image).
 _REFERENCE = """

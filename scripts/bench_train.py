@@ -75,7 +75,7 @@ class Options:
     fuse_eval: bool = True  # fused Conv+BN copy for validation (off: the training model in eval mode)
     compile: bool = False  # torch.compile the model (compile time counts in the whole-run time)
     fused_bn_act: bool = True  # BatchNorm + SiLU in one CPU kernel each way in training (yolo5l_kernels.bn_silu)
-    malloc: bool = True  # glibc keeps freed host memory (yolo5l.hostmem); process-wide: use one process per config
+    malloc: bool = True  # glibc keeps freed host memory (yolo5l.base.hostmem); process-wide: use one process per config
 
 
 OFF = Options(
@@ -120,8 +120,8 @@ CONFIGS: dict[str, Options] = {
 
 # ---------------------------------------------------------------------------------------------- hardware
 def cpu_has_bf16() -> bool:
-    """AMX or AVX512-BF16 on this CPU: yolo5l.hardware's rule for `trainer.precision=auto` (imported lazily)."""
-    from yolo5l.hardware import cpu_has_bf16 as has_bf16
+    """AMX or AVX512-BF16 on this CPU: yolo5l.base.hardware's rule for `trainer.precision=auto` (imported lazily)."""
+    from yolo5l.base.hardware import cpu_has_bf16 as has_bf16
 
     return has_bf16()
 
@@ -192,7 +192,7 @@ def micro_timings(device: str, num_classes: int, repeat: int) -> dict[str, float
     from yolo5l_kernels import ciou_xywh
 
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.optim import optimizer_impl_kwargs, yolov5_param_groups
+    from yolo5l.training.optim import optimizer_impl_kwargs, yolov5_param_groups
 
     out: dict[str, float] = {}
     torch.manual_seed(0)
@@ -240,10 +240,10 @@ def fwd_bwd_timings(
     """Forward + backward of one batch (random images, sum of heads as the loss) per precision and memory format.
 
     The variants run with glibc's default malloc first; on the CPU the fastest one then runs again after
-    `yolo5l.hostmem.tune_malloc()` (yolo5l's default, `module.tune_malloc`), which is process-wide and cannot be
+    `yolo5l.base.hostmem.tune_malloc()` (yolo5l's default, `module.tune_malloc`), which is process-wide and cannot be
     undone, so it comes last.
     """
-    from yolo5l.hostmem import tune_malloc
+    from yolo5l.base.hostmem import tune_malloc
 
     rows = []
     amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
@@ -440,11 +440,11 @@ def run_config(name: str, opts: Options, args: argparse.Namespace, hyp: dict[str
     from hydra.utils import instantiate
     from lightning.pytorch.loggers import TensorBoardLogger
 
+    from yolo5l.base.hostmem import tune_malloc
     from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
     from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
     from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.hostmem import tune_malloc
     from yolo5l.models.yolo import YOLOv5
 
     device = args.device
@@ -552,7 +552,7 @@ def e2e_timings(args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import yolo5l.train, yolo5l.module, yolo5l.data.datamodule"],
+        [sys.executable, "-c", "import yolo5l.train, yolo5l.training.module, yolo5l.data.datamodule"],
         check=True,
         env=env,
         cwd=REPO,

@@ -20,7 +20,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from yolo5l.divergence import MIN_GROWTH_BATCHES
+from yolo5l.training.divergence import MIN_GROWTH_BATCHES
 
 HERE = Path(__file__).resolve().parent
 

@@ -14,12 +14,12 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from yolo5l.coco_map import COCOMap
-from yolo5l.loss import YOLOv5Loss, loss_args
-from yolo5l.metrics import DetectionMAP
+from yolo5l.eval.coco_map import COCOMap
+from yolo5l.eval.metrics import DetectionMAP
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.module import YOLOv5Module
-from yolo5l.optim import LinearLR
+from yolo5l.training.loss import YOLOv5Loss, loss_args
+from yolo5l.training.module import YOLOv5Module
+from yolo5l.training.optim import LinearLR
 
 HYP = {
     "lr0": 0.01,

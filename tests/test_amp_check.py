@@ -1,4 +1,4 @@
-"""`yolo5l.amp_check` (YOLOv5 v7.0's `check_amp`): fp32 and autocast detections of a fixed image compared; a
+"""`yolo5l.training.amp_check` (YOLOv5 v7.0's `check_amp`): fp32 and autocast detections of a fixed image compared; a
 disagreement (or non-finite autocast outputs, or an error) turns mixed precision off. On the CPU with stand-in models
 under bf16 autocast; on CUDA for real (`gpu`)."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from yolo5l.amp_check import amp_agrees, check_amp, check_image
 from yolo5l.models.yolo import YOLOv5
+from yolo5l.training.amp_check import amp_agrees, check_amp, check_image
 
 
 class StandIn(nn.Module):
@@ -79,7 +79,7 @@ def test_check_amp_leaves_fp32_and_the_cpu_alone():
 
 
 def test_build_trains_in_the_precision_the_check_gives(tmp_path, monkeypatch, capsys):
-    import yolo5l.amp_check
+    import yolo5l.training.amp_check
     from yolo5l.config import compose_config
     from yolo5l.train import build
 
@@ -89,7 +89,7 @@ def test_build_trains_in_the_precision_the_check_gives(tmp_path, monkeypatch, ca
         seen["model"] = model
         return "32-true", "AMP check: stand-in disagreement"
 
-    monkeypatch.setattr(yolo5l.amp_check, "check_amp", disagree)
+    monkeypatch.setattr(yolo5l.training.amp_check, "check_amp", disagree)
     cfg = compose_config(
         ["experiment=smoke", f"data.synthetic.root={tmp_path / 'data'}", "trainer.precision=bf16-mixed"],
         output_dir=tmp_path / "run",

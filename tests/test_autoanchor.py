@@ -1,6 +1,6 @@
-"""AutoAnchor (`yolo5l.autoanchor`, `yolo5l.callbacks.autoanchor`): YOLOv5 v7.0's BPR, anchors-per-target and fitness
-definitions on hand-made boxes, the re-fit on thin boxes, determinism, and the anchors reaching the loss and every file
-a run writes (and not re-fitted on resume)."""
+"""AutoAnchor (`yolo5l.training.autoanchor`, `yolo5l.callbacks.autoanchor`): YOLOv5 v7.0's BPR, anchors-per-target
+and fitness definitions on hand-made boxes, the re-fit on thin boxes, determinism, and the anchors reaching the loss
+and every file a run writes (and not re-fitted on resume)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from yolo5l.autoanchor import (
+from yolo5l.callbacks.autoanchor import AutoAnchor, apply_anchors
+from yolo5l.models.yolo import ANCHORS_P3_P5
+from yolo5l.training.autoanchor import (
     anchor_fitness,
     anchor_metrics,
     check_anchors,
@@ -17,8 +19,6 @@ from yolo5l.autoanchor import (
     kmeans,
     label_wh,
 )
-from yolo5l.callbacks.autoanchor import AutoAnchor, apply_anchors
-from yolo5l.models.yolo import ANCHORS_P3_P5
 
 COCO_ANCHORS = torch.tensor(ANCHORS_P3_P5, dtype=torch.float32).reshape(3, 3, 2)
 
@@ -138,7 +138,7 @@ def test_good_anchors_are_kept_without_a_refit():
 
 
 def test_a_refit_that_is_not_better_is_dropped(monkeypatch):
-    import yolo5l.autoanchor as aa
+    import yolo5l.training.autoanchor as aa
 
     labels, shapes = thin_boxes(10)
     monkeypatch.setattr(aa, "kmean_anchors", lambda *a, **k: torch.full((9, 2), 500.0))
@@ -187,7 +187,7 @@ def test_new_anchors_reach_the_loss_and_every_file_and_resume_keeps_them(
 ):
     from yolo5l.callbacks import EMACallback, LastCheckpoint
     from yolo5l.callbacks.checkpoint import RunConfig
-    from yolo5l.weights import load_weights
+    from yolo5l.io.weights import load_weights
 
     ck = tmp_path / "ck"
     module = tiny_module()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torchvision.ops import batched_nms
 
-from yolo5l.boxes import clip_boxes, non_max_suppression, scale_boxes, xywh_to_xyxy
+from yolo5l.infer.boxes import clip_boxes, non_max_suppression, scale_boxes, xywh_to_xyxy
 
 
 def test_xywh_to_xyxy_hand_values():

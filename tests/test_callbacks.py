@@ -14,8 +14,8 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader
 
 from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
-from yolo5l.metrics import DetectionMAP
-from yolo5l.weights import load_checkpoint
+from yolo5l.eval.metrics import DetectionMAP
+from yolo5l.io.weights import load_checkpoint
 
 
 class _Net(pl.LightningModule):
@@ -303,8 +303,8 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from yolo5l.annotate import BOX_COLOR, draw_batch
     from yolo5l.callbacks import BatchPlotter
+    from yolo5l.infer.annotate import BOX_COLOR, draw_batch
 
     logger = TensorBoardLogger(tmp_path, name="", version="")
     tr = make_trainer(tmp_path, [BatchPlotter(num_batches=2)], max_epochs=1, logger=logger, limit_val_batches=0)

@@ -22,13 +22,13 @@ from omegaconf import OmegaConf
 from test_loss import oracle_loss
 from test_weights import YOLOV5S_YAML, _pickle_globals, _randomize, _ultralytics_ckpt, fake_ultralytics
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
 from yolo5l.convert import main as convert_main
-from yolo5l.errors import UserError
-from yolo5l.loss import YOLOv5Loss, loss_args
-from yolo5l.model_source import build_model, check_stride
+from yolo5l.io.model_source import build_model, check_stride
+from yolo5l.io.weights import UnsafeCheckpointError, load_checkpoint, load_ultralytics, load_weights
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.weights import UnsafeCheckpointError, load_checkpoint, load_ultralytics, load_weights
+from yolo5l.training.loss import YOLOv5Loss, loss_args
 
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}
 
@@ -200,7 +200,7 @@ def test_other_numpy_arrays_are_refused(tmp_path, kind):
 
 
 def test_plain_numpy_values_round_trip_through_the_allow_list(tmp_path):
-    from yolo5l.safe_pickle import restricted_pickle
+    from yolo5l.io.safe_pickle import restricted_pickle
 
     value = {"a": np.array([[0.5, 2.0]]), "i": np.int64(7), "f": np.float32(0.25), "d": np.dtype("f2"),
              "o": np.array([1, "x", None], dtype=object)}  # fmt: skip
@@ -248,7 +248,7 @@ def test_p6_file_gives_identical_outputs_and_loss(files):
 
 
 def test_p6_release_names_resolve_to_the_v7_release(tmp_path, monkeypatch):
-    from yolo5l.download import weights_url
+    from yolo5l.io.download import weights_url
 
     monkeypatch.chdir(tmp_path)
     for name in ("yolov5n6.pt", "yolov5x6.pt", "yolov5s.pt"):
@@ -274,8 +274,8 @@ def test_p6_converts_and_every_p6_size_builds_from_its_name(files, tmp_path):
 def test_export_and_predict_build_the_p6_model_from_the_file(files, tmp_path):
     from PIL import Image
 
+    from yolo5l.deploy.exported import load_exported
     from yolo5l.export import export_weights
-    from yolo5l.exported import load_exported
     from yolo5l.predict import predict
 
     cfg = compose_config(

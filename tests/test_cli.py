@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo5l.loggers import CORE_COLUMNS, read_metrics_csv
+from yolo5l.tracking.loggers import CORE_COLUMNS, read_metrics_csv
 
 TESTS = Path(__file__).parent
 # tests/ on the path of the subprocesses: the fault-injection callback (_fault.CrashAtEpoch) lives there.

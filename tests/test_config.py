@@ -13,7 +13,8 @@ import yaml
 from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 
-from yolo5l import hardware
+from yolo5l.base import hardware
+from yolo5l.base.errors import UserError
 from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
 from yolo5l.config import (
     CONFIG_MODULE,
@@ -25,9 +26,8 @@ from yolo5l.config import (
     config_choices,
     merge_resume_config,
 )
-from yolo5l.errors import UserError
-from yolo5l.loggers import CORE_COLUMNS, EpochCSVLogger, read_metrics_csv
 from yolo5l.models.yolo import freeze_layers
+from yolo5l.tracking.loggers import CORE_COLUMNS, EpochCSVLogger, read_metrics_csv
 
 
 def _targets(node):
@@ -56,7 +56,11 @@ def _all_config_files():
 def test_every_target_in_conf_resolves():
     # A `_target_` typo anywhere in conf/ fails here, instead of at run time or as a skipped test.
     targets = {t for f in _all_config_files() for t in _targets(yaml.safe_load(f.read_text()))}
-    assert {"yolo5l.module.YOLOv5Module", "torch.optim.SGD", "yolo5l.data.datamodule.YOLODataModule"} <= targets
+    assert {
+        "yolo5l.training.module.YOLOv5Module",
+        "torch.optim.SGD",
+        "yolo5l.data.datamodule.YOLODataModule",
+    } <= targets
     for target in sorted(targets):
         assert callable(get_object(target)), target
 
@@ -73,10 +77,10 @@ def test_default_config_composes_and_resolves(tmp_path):
     assert cfg.resume is None
     assert cfg.freeze is None
     assert cfg.seed == 0
-    assert cfg.module._target_ == "yolo5l.module.YOLOv5Module"
+    assert cfg.module._target_ == "yolo5l.training.module.YOLOv5Module"
     assert cfg.module.optimizer._target_ == "torch.optim.SGD"
-    assert cfg.module.scheduler._target_ == "yolo5l.optim.LinearLR"
-    assert cfg.module.metric._target_ == "yolo5l.metrics.DetectionMAP"
+    assert cfg.module.scheduler._target_ == "yolo5l.training.optim.LinearLR"
+    assert cfg.module.metric._target_ == "yolo5l.eval.metrics.DetectionMAP"
     assert cfg.module.compile is False
     # The module's keys are one hop from the hyperparameters they feed.
     assert (cfg.module.optimizer.lr, cfg.module.weight_decay) == (cfg.hyp.lr0, cfg.hyp.weight_decay)
@@ -194,9 +198,9 @@ def test_every_data_preset_composes(tmp_path, name):
 
 
 def test_data_and_module_instantiate_from_the_config_alone(tmp_path):
-    from yolo5l.coco_map import COCOMap
-    from yolo5l.metrics import DetectionMAP
-    from yolo5l.optim import CosineLR
+    from yolo5l.eval.coco_map import COCOMap
+    from yolo5l.eval.metrics import DetectionMAP
+    from yolo5l.training.optim import CosineLR
 
     cfg = compose_config(
         ["experiment=smoke", f"data.synthetic.root={tmp_path / 'syn'}", "data.batch_size=8"], output_dir=tmp_path / "r"
@@ -255,7 +259,7 @@ def test_precision_auto_rule(monkeypatch):
 
 def test_trainer_defaults_say_what_auto_means(tmp_path, monkeypatch):
     """conf/trainer/default.yaml resolves precision, deterministic and benchmark by the machine's accelerator
-    (yolo5l.resolvers); a value given on the command line is used as given."""
+    (yolo5l.base.resolvers); a value given on the command line is used as given."""
     monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
     cpu = compose_config(["trainer.accelerator=cpu"], output_dir=tmp_path / "cpu").trainer
     assert (cpu.precision, cpu.deterministic, cpu.benchmark) == ("32-true", True, False)

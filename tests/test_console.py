@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from yolo5l.callbacks import ThroughputMonitor, ValidationSummary, YOLOProgressBar
 from yolo5l.callbacks.throughput import _advice
 from yolo5l.config import compose_config
-from yolo5l.loggers import read_metrics_csv
+from yolo5l.tracking.loggers import read_metrics_csv
 from yolo5l.train import build
 
 

@@ -1,6 +1,6 @@
 """Readable logs: with stdout not a terminal, a run prints plain lines (one per epoch: losses, P, R, mAP, images/s,
 data wait) and no bars or escape codes, the run folder's train.log holds the same story, and on a terminal the epoch
-line is written above the bar, never on its line (yolo5l/console.py, yolo5l/callbacks/epoch_line.py)."""
+line is written above the bar, never on its line (yolo5l/base/console.py, yolo5l/callbacks/epoch_line.py)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from yolo5l.base.console import ConsoleFormatter, ConsoleHandler, clean_lines, run_log
 from yolo5l.callbacks.epoch_line import EpochLine, format_epoch_line
 from yolo5l.callbacks.progress_bar import NoBar, YOLOProgressBar, console_progress
 from yolo5l.callbacks.throughput import ThroughputMonitor
-from yolo5l.console import ConsoleFormatter, ConsoleHandler, clean_lines, run_log
 
 GOLDEN = Path(__file__).parent / "golden" / "smoke_console.txt"
 #: Regenerate the golden file from a run: YOLO5L_UPDATE_GOLDEN=1 pytest tests/test_console_log.py -k golden

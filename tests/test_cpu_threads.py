@@ -13,8 +13,8 @@ import types
 import pytest
 import torch
 
+import yolo5l.base.hardware as hw
 import yolo5l.callbacks.cpu_threads as ct
-import yolo5l.hardware as hw
 from yolo5l.callbacks.cpu_threads import CPUThreads
 
 

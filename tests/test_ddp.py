@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from yolo5l.loggers import read_metrics_csv
+from yolo5l.tracking.loggers import read_metrics_csv
 
 
 @pytest.mark.slow

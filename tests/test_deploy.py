@@ -18,12 +18,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from _deploy_model import IMGSZ, WEIGHTS, data_overrides, train
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
 from yolo5l.data.synthetic import ensure_synthetic
+from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import find_format, output_path
-from yolo5l.errors import UserError
 from yolo5l.export import export_weights
-from yolo5l.exported import load_exported
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]
 TOLERANCE = {"fp32": 0.002, "fp16": 0.005, "int8": 0.03}  # mAP@0.5:0.95 from the .pt's

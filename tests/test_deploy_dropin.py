@@ -30,8 +30,8 @@ from _deploy_model import IMGSZ, SYNTHETIC, WEIGHTS, data_overrides
 
 from yolo5l.config import compose_config
 from yolo5l.data.synthetic import ensure_synthetic
+from yolo5l.deploy.exported import load_exported
 from yolo5l.export import export_weights
-from yolo5l.exported import load_exported
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]

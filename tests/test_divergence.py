@@ -1,5 +1,5 @@
 """A run that diverges stops with one line and exit status 65, and leaves no file with non-finite tensors
-(`yolo5l.divergence`, `YOLOv5Module`'s checks), and `resume=` takes the lower `hyp.lr0` the line suggests.
+(`yolo5l.training.divergence`, `YOLOv5Module`'s checks), and `resume=` takes the lower `hyp.lr0` the line suggests.
 
 The end-to-end runs are the issue's: `hyp.lr0=10000 hyp.warmup_epochs=0` on yolov5n, made small (64 px, the smoke
 dataset's 32 images). At that size the epoch-0 validation is already NaN; with validation off, the loss stays finite
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from yolo5l.divergence import MIN_GROWTH_BATCHES, LossGrowth, TrainingDiverged, diverged, state_problem
-from yolo5l.errors import EXIT_DIVERGED
+from yolo5l.base.errors import EXIT_DIVERGED
+from yolo5l.training.divergence import MIN_GROWTH_BATCHES, LossGrowth, TrainingDiverged, diverged, state_problem
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 LR0 = ("hyp.lr0=10000", "hyp.warmup_epochs=0")
@@ -249,7 +249,7 @@ def test_resume_with_a_lower_lr0_rescales_the_restored_schedule(tmp_path, tiny_m
 
 def test_weights_file_never_stores_inf_for_values_beyond_half(tmp_path, tiny_module):
     """The issue's leftover file: a BatchNorm variance of 1e6 is finite in float32 but inf in half precision."""
-    from yolo5l.weights import load_weights, save_weights
+    from yolo5l.io.weights import load_weights, save_weights
 
     model = tiny_module().model
     model.model[0].bn.running_var.fill_(1e6)
@@ -283,7 +283,7 @@ def test_checkpoint_with_non_finite_optimizer_state_is_not_written(tmp_path):
 
 
 def test_export_refuses_weights_with_nan(tmp_path, tiny_module):
-    from yolo5l.errors import UserError
+    from yolo5l.base.errors import UserError
     from yolo5l.export import export_model
 
     model = tiny_module().model

@@ -27,11 +27,11 @@ import pytest
 import yaml
 from PIL import Image
 
-from yolo5l import download as dl
+from yolo5l.base.errors import UserError
 from yolo5l.data import dataset_yaml
 from yolo5l.data.dataset_yaml import load_dataset_file
-from yolo5l.download import download, extract
-from yolo5l.errors import UserError
+from yolo5l.io import download as dl
+from yolo5l.io.download import download, extract
 
 
 # ---- the loopback server -------------------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_failures_are_one_line_and_leave_nothing(server, tmp_path, case, match):
 
 _CHILD = """
 import sys
-from yolo5l.download import download
+from yolo5l.io.download import download
 download(sys.argv[1], sys.argv[2], progress=False)
 """
 
@@ -400,9 +400,9 @@ def test_release_weights_name_downloads_once_into_the_cache(server, tmp_path, mo
     import torch
 
     from yolo5l.config import check_predict_config, compose_config
+    from yolo5l.io.weights import load_weights, resolve_weights, save_weights
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.predict import predict
-    from yolo5l.weights import load_weights, resolve_weights, save_weights
 
     torch.manual_seed(0)
     src = save_weights(YOLOv5(num_classes=3, depth=0.33, width=0.25), tmp_path / "made" / "w.pt")

@@ -81,7 +81,7 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
 
     import lightning.pytorch as pl
 
-    import yolo5l.boxes
+    import yolo5l.infer.boxes
     import yolo5l.predict
     import yolo5l.val
 
@@ -92,7 +92,7 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
         raise KeyboardInterrupt  # stop here: the commands themselves are tested around this test
 
     monkeypatch.setattr(pl.Trainer, "validate", probe)  # where validation starts
-    monkeypatch.setattr(yolo5l.boxes, "non_max_suppression", probe)  # after prediction's first forward
+    monkeypatch.setattr(yolo5l.infer.boxes, "non_max_suppression", probe)  # after prediction's first forward
     common = [f"weights={smoke['weights']}", f"hydra.run.dir={smoke['tmp'] / f'gc_{entry}'}"]
     if entry == "val":
         args = [*common, f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",

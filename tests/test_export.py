@@ -1,4 +1,4 @@
-"""`python -m yolo5l.export` and `yolo5l.exported`: real ONNX and TorchScript files of a small yolov5n, run with
+"""`python -m yolo5l.export` and `yolo5l.deploy.exported`: real ONNX and TorchScript files of a small yolov5n, run with
 onnxruntime and torch.jit on real images and compared with PyTorch; `yolo5l.val` and `yolo5l.predict` on them."""
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ pytest.importorskip("onnxruntime")
 import onnx
 
 from yolo5l import _cli
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
 from yolo5l.data.letterbox import letterbox
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.errors import UserError
+from yolo5l.deploy.exported import EXTRA_HINT, ExportedModel, load_exported
 from yolo5l.export import DecodedYOLOv5, export_model, export_weights, prepare_for_export
-from yolo5l.exported import EXTRA_HINT, ExportedModel, load_exported
+from yolo5l.io.weights import load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.weights import load_weights, save_weights
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]  # the synthetic dataset's classes
 IMGSZ = 128

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from yolo5l.base.errors import UserError
 from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
 from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, read_resume_state
-from yolo5l.errors import UserError
-from yolo5l.module import TrainingDiverged
-from yolo5l.weights import load_weights
+from yolo5l.io.weights import load_weights
+from yolo5l.training.module import TrainingDiverged
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 

@@ -1,4 +1,4 @@
-"""yolo5l.hostmem: glibc keeps freed buffers, so re-allocating a step's tensors faults no pages in again."""
+"""yolo5l.base.hostmem: glibc keeps freed buffers, so re-allocating a step's tensors faults no pages in again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from yolo5l.hostmem import tune_malloc
+from yolo5l.base.hostmem import tune_malloc
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt (Linux)")
 
@@ -18,7 +18,7 @@ _STEPS = textwrap.dedent(
     """
     import resource, sys, torch
     if sys.argv[1] == "tuned":
-        from yolo5l.hostmem import tune_malloc
+        from yolo5l.base.hostmem import tune_malloc
         assert tune_malloc()
     sizes = [1, 3, 8, 20, 2, 30, 5, 12, 6, 25, 4, 16]  # MiB
     def step():
@@ -55,5 +55,5 @@ def test_tune_malloc_is_idempotent(monkeypatch):
     def no_libc(*args, **kwargs):
         raise AssertionError("tune_malloc reloaded libc for settings it had already applied")
 
-    monkeypatch.setattr("yolo5l.hostmem.ctypes.CDLL", no_libc)
+    monkeypatch.setattr("yolo5l.base.hostmem.ctypes.CDLL", no_libc)
     assert tune_malloc() is True  # the same settings again: answered without a second mallopt round

@@ -8,9 +8,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
-from yolo5l.errors import UserError
-from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv, read_hyp_file
+from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv, read_hyp_file
 
 # ultralytics/yolov5 v7.0 data/hyps/hyp.scratch-high.yaml's values (it has no label_smoothing: train.py's flag)
 V7_SCRATCH_HIGH = """

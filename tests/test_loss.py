@@ -1,4 +1,5 @@
-"""Tests for yolo5l.loss.YOLOv5Loss: hand-derived values, a sync-full parity oracle, and the no-sync guarantee."""
+"""Tests for yolo5l.training.loss.YOLOv5Loss: hand-derived values, a sync-full parity oracle, and the no-sync
+guarantee."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from yolo5l.loss import YOLOv5Loss, loss_args
+from yolo5l.training.loss import YOLOv5Loss, loss_args
 
 aten = torch.ops.aten
 

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from yolo5l.base.errors import EXIT_RANK_LOST
 from yolo5l.callbacks.lost_rank import LostRankWatch, RankLost, collective_failure, raise_if_rank_lost
-from yolo5l.errors import EXIT_RANK_LOST
 
 TESTS = Path(__file__).parent
 ENV = {
@@ -296,7 +296,7 @@ def test_ddp_rank_killed_mid_epoch_is_named_and_resumes(tmp_path, synthetic):
     """`trainer.accelerator=cpu trainer.devices=2`: rank 1 SIGKILLed during epoch 1 (as the OOM killer would). The
     job ends with status 75 and the line naming rank 1, SIGKILL and epoch 0's last.ckpt; the resume= it gives
     finishes the run, with every epoch in metrics.csv."""
-    from yolo5l.loggers import read_metrics_csv
+    from yolo5l.tracking.loggers import read_metrics_csv
 
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "yolo5l.train", *SMOKE, "trainer.accelerator=cpu", "trainer.devices=2",

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torchvision.ops import box_iou
 
-from yolo5l.coco_map import COCOMap
-from yolo5l.metrics import DetectionMAP, match_detections
-from yolo5l.per_class import ap_per_class
+from yolo5l.eval.coco_map import COCOMap
+from yolo5l.eval.metrics import DetectionMAP, match_detections
+from yolo5l.eval.per_class import ap_per_class
 
 IOUV = torch.linspace(0.5, 0.95, 10)
 

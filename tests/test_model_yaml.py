@@ -23,14 +23,14 @@ import yaml
 from omegaconf import OmegaConf
 from torch import nn
 
+from yolo5l.base.errors import UserError
 from yolo5l.callbacks.ema import EMACallback
 from yolo5l.config import compose_config
-from yolo5l.errors import UserError
-from yolo5l.loss import YOLOv5Loss, loss_args
-from yolo5l.model_source import build_model
+from yolo5l.io.model_source import build_model
+from yolo5l.io.weights import load_checkpoint, load_weights, save_weights
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5, freeze_layers
-from yolo5l.weights import load_checkpoint, load_weights, save_weights
+from yolo5l.training.loss import YOLOv5Loss, loss_args
 
 REPO = Path(__file__).resolve().parents[1]
 HYP = {"box": 0.05, "obj": 1.0, "cls": 0.5, "anchor_t": 4.0}

@@ -205,7 +205,7 @@ def test_decode_inference_mode_channels_last_and_grad():
 
 def test_channels_last_heads_are_dense_views_with_equal_loss_and_grads():
     """channels_last heads skip the transposing copy; values, loss and gradients equal the contiguous heads'."""
-    from yolo5l.loss import YOLOv5Loss
+    from yolo5l.training.loss import YOLOv5Loss
 
     torch.manual_seed(0)
     model = YOLOv5.from_name("yolov5n", num_classes=3).train()

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from yolo5l.callbacks import EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
-from yolo5l.metrics import precision_recall_at_best_f1
-from yolo5l.optim import CosineLR, LinearLR, interp, optimizer_impl_kwargs, param_groups, yolov5_param_groups
+from yolo5l.eval.metrics import precision_recall_at_best_f1
+from yolo5l.training.optim import CosineLR, LinearLR, interp, optimizer_impl_kwargs, param_groups, yolov5_param_groups
 
 KEYS = {
     "train/loss_box",
@@ -113,9 +113,9 @@ def test_weight_decay_scales_with_nominal_batch(tmp_path, tiny_module, tiny_data
 
 
 def test_bad_inputs_are_named():
-    from yolo5l.metrics import DetectionMAP
+    from yolo5l.eval.metrics import DetectionMAP
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.module import YOLOv5Module
+    from yolo5l.training.module import YOLOv5Module
 
     parts = {"loss": torch.nn.Identity(), "optimizer": None, "scheduler": None, "metric": DetectionMAP()}
     with pytest.raises(ValueError, match="class names"):
@@ -129,7 +129,7 @@ def test_bad_inputs_are_named():
 
 @pytest.mark.usefixtures("one_thread")
 def test_both_map_backends_validate_the_same_detections(tmp_path, tiny_module, tiny_data, make_trainer):
-    from yolo5l.metrics import DetectionMAP
+    from yolo5l.eval.metrics import DetectionMAP
 
     results = {}
     for backend in ("yolov5", "coco"):

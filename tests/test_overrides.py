@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 from yolo5l.overrides import check_overrides, closest_key
 
 TYPOS = [

@@ -13,11 +13,10 @@ import pytest
 import torch
 from test_metrics import _problem
 
-from yolo5l.boxes import scale_boxes
 from yolo5l.callbacks.val_plots import ValidationPlots
-from yolo5l.coco_map import COCOMap
-from yolo5l.metrics import DetectionMAP, confusion_update
-from yolo5l.plots import (
+from yolo5l.eval.coco_map import COCOMap
+from yolo5l.eval.metrics import DetectionMAP, confusion_update
+from yolo5l.eval.plots import (
     draw_val_batch,
     format_per_class_table,
     per_class_rows,
@@ -27,6 +26,7 @@ from yolo5l.plots import (
     validation_figures,
     write_per_class_csv,
 )
+from yolo5l.infer.boxes import scale_boxes
 
 NAMES = ["cat", "dog", "bird"]
 PLOTS = {"confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"}
@@ -248,7 +248,7 @@ def test_val_batch_drawing():
 def _fit(tmp_path, tiny_module, tiny_data, make_trainer, plots: bool):
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from yolo5l.loggers import EpochCSVLogger
+    from yolo5l.tracking.loggers import EpochCSVLogger
 
     callback = ValidationPlots(plots=plots)
     loggers = [TensorBoardLogger(tmp_path, name="", version=""), EpochCSVLogger(tmp_path)]
@@ -291,8 +291,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 def untrained_weights(tmp_path_factory):
     """A yolov5n-width weights file for the 4 synthetic classes: validation needs weights, not a good model."""
     from yolo5l.data.synthetic import NAMES as SYNTHETIC
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     tmp = tmp_path_factory.mktemp("val_plots")
     torch.manual_seed(0)

@@ -13,8 +13,8 @@ from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.loss import YOLOv5Loss, loss_args
 from yolo5l.models.yolo import YOLOv5
+from yolo5l.training.loss import YOLOv5Loss, loss_args
 
 IMGSZ = 128  # the images are 512-640 px: decoded at 1/4 scale on the fast path
 BATCH, STEPS = 8, 6

@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from yolo5l.annotate import draw_detections, line_width
+from yolo5l.infer.annotate import draw_detections, line_width
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -32,8 +32,8 @@ def test_labels_stay_inside_the_image_and_lines_grow_with_it():
 
 @pytest.fixture(scope="module")
 def weights_at_128(tmp_path_factory):
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     tmp = tmp_path_factory.mktemp("predict")
     path = tmp / "w.pt"
@@ -73,8 +73,8 @@ def test_images_a_video_and_a_corrupt_file(tmp_path, weights_at_128):
 
 
 def test_val_runs_at_the_weights_training_size(tmp_path):
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     weights = tmp_path / "w.pt"
     save_weights(YOLOv5.from_name("yolov5n", num_classes=4), weights, imgsz=96)  # the synthetic set has 4 classes

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
-from yolo5l.errors import UserError
+from yolo5l.infer.sources import StreamReader
 from yolo5l.predict import _prefetched, predict
-from yolo5l.sources import StreamReader
 
 W, H = 120, 80
 
@@ -72,8 +72,8 @@ class _Server(http.server.BaseHTTPRequestHandler):
 def env(tmp_path_factory):
     """Tiny 2-class weights, a folder of images (one nested), a video, and an HTTP server on 127.0.0.1 serving an
     image, the video and a 12-frame MJPEG stream."""
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     tmp = tmp_path_factory.mktemp("sources")
     torch.manual_seed(0)
@@ -238,7 +238,7 @@ def test_save_crop_and_drawing_options(env):
 
 
 def test_drawing_options_by_pixels():
-    from yolo5l.annotate import draw_detections
+    from yolo5l.infer.annotate import draw_detections
 
     base = np.zeros((100, 200, 3), np.uint8)
     det = np.array([[50.0, 40.0, 150.0, 90.0, 0.9, 0]])
@@ -253,7 +253,7 @@ def test_drawing_options_by_pixels():
 @torch.no_grad()
 def test_visualize_writes_each_stage_and_augment_runs(env):
     from yolo5l.data.letterbox import letterbox
-    from yolo5l.weights import load_weights
+    from yolo5l.io.weights import load_weights
 
     _, out = run(env, "vis", f"source={env['src']}/im3.jpg", "visualize=true")
     files = sorted((out / "visualize" / "im3").glob("stage*_features.png"))
@@ -297,9 +297,9 @@ def test_predictions_json_is_written(env):
 
 
 def test_ctrl_c_ends_a_stream_and_keeps_what_was_written(env, monkeypatch, capsys):
-    import yolo5l.boxes
+    import yolo5l.infer.boxes
 
-    real, calls = yolo5l.boxes.non_max_suppression, []
+    real, calls = yolo5l.infer.boxes.non_max_suppression, []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
@@ -307,7 +307,7 @@ def test_ctrl_c_ends_a_stream_and_keeps_what_was_written(env, monkeypatch, capsy
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(yolo5l.boxes, "non_max_suppression", interrupted)
+    monkeypatch.setattr(yolo5l.infer.boxes, "non_max_suppression", interrupted)
     preds, out = run(env, "ctrl_c", f"source={env['url']}/long.mjpg")
     assert "stopped by Ctrl-C" in capsys.readouterr().out
     assert len(list((out / "labels").glob("*.txt"))) == 1  # the batch before the interrupt

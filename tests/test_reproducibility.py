@@ -5,7 +5,7 @@ ultralytics' maintainers say DDP trainings are not reproducible. Here every sour
 the seed: the model's initialisation (`seed_everything` before it is built), the shard split and the per-epoch
 shuffles (`ShardSampler`, keyed by (seed, epoch, rank)) and each sample's augmentation (its own generator, keyed by
 (seed, epoch, rank, index), so the worker that loads it does not matter). On the CPU `trainer.deterministic: null`
-resolves to True (yolo5l/hardware.py), and a 2-rank gloo all-reduce sums the gradients in a fixed order.
+resolves to True (yolo5l/base/hardware.py), and a 2-rank gloo all-reduce sums the gradients in a fixed order.
 
 Each comparison is `torch.equal` on every tensor of last.ckpt: the EMA weights (`state_dict`), the raw weights
 (`current_model_state`), the optimizer's momentum buffers; the plain values (lr schedule, EMA update count, validation
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo5l.loggers import read_metrics_csv
+from yolo5l.tracking.loggers import read_metrics_csv
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from yolo5l.loggers import read_metrics_csv
+from yolo5l.io.old_targets import MOVED, current_target, current_targets
+from yolo5l.tracking.loggers import read_metrics_csv
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 
@@ -62,3 +63,43 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     r = _train(tmp_path, "resume=true", "trainer.max_epochs=3")
     assert r.returncode == 2
     assert "already trained 3 of 3 epochs" in r.stderr
+
+    # A last.ckpt of yolo5l 0.1, whose config names the modules before the package was put in rooms
+    # (`yolo5l.module.YOLOv5Module`, `yolo5l.loss.YOLOv5Loss.from_model`, ...), resumes too.
+    ckpt["yolo5l_config"], renamed = _as_in_0_1(ckpt["yolo5l_config"])
+    assert {"yolo5l.module.YOLOv5Module", "yolo5l.loss.YOLOv5Loss.from_model"} <= renamed
+    torch.save(ckpt, last)
+    r = _train(tmp_path, "resume=true", "trainer.max_epochs=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [row["epoch"] for row in read_metrics_csv(run / "metrics.csv")] == ["0", "1", "2", "3"]
+
+
+def _as_in_0_1(config, renamed=None):
+    """`config` with each `_target_` in a moved module named as yolo5l 0.1 named it; and the renamed targets."""
+    renamed = set() if renamed is None else renamed
+    if isinstance(config, dict):
+        out = {}
+        for key, value in config.items():
+            old = value
+            if key == "_target_" and isinstance(value, str):
+                old = next((o + value[len(n) :] for o, n in MOVED.items() if value.startswith(n + ".")), value)
+                if old != value:
+                    renamed.add(old)
+            out[key] = old if key == "_target_" else _as_in_0_1(value, renamed)[0]
+        return out, renamed
+    if isinstance(config, list):
+        return [_as_in_0_1(v, renamed)[0] for v in config], renamed
+    return config, renamed
+
+
+def test_old_targets_are_renamed_and_todays_kept():
+    assert current_target("yolo5l.loss.YOLOv5Loss.from_model") == "yolo5l.training.loss.YOLOv5Loss.from_model"
+    assert current_target("yolo5l.tracking.instantiate_entries") == "yolo5l.tracking.trackers.instantiate_entries"
+    # `yolo5l.tracking` was a module and is now a package: its modules' names are today's
+    assert current_target("yolo5l.tracking.loggers.EpochCSVLogger") == "yolo5l.tracking.loggers.EpochCSVLogger"
+    for today in ("yolo5l.callbacks.ema.EMACallback", "torch.optim.SGD", "yolo5l.training.module.YOLOv5Module"):
+        assert current_target(today) == today
+    assert current_targets({"a": [{"_target_": "yolo5l.optim.LinearLR", "lrf": 0.01}], "_target_": 3}) == {
+        "a": [{"_target_": "yolo5l.training.optim.LinearLR", "lrf": 0.01}],
+        "_target_": 3,
+    }

@@ -14,10 +14,10 @@ from yolo5l.config import compose_config
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.layout import DatasetError
 from yolo5l.data.synthetic import ensure_synthetic
+from yolo5l.io.weights import load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.run_info import cpu_oversubscription, data_from_weights, model_gflops, source_of, training_rows
 from yolo5l.train import build
-from yolo5l.weights import load_weights, save_weights
 
 
 @pytest.mark.parametrize(("depth", "width", "v7_gflops"), [(0.33, 0.25, 4.5), (0.33, 0.50, 16.5)])
@@ -81,7 +81,7 @@ def test_weights_record_their_dataset_and_image_size(tmp_path):
 
 
 def test_a_training_checkpoint_names_its_runs_dataset():
-    from yolo5l.weights import _run_data_file
+    from yolo5l.io.weights import _run_data_file
 
     assert _run_data_file({"file": "d/data.yaml"}) == os.path.abspath("d/data.yaml")
     assert _run_data_file({"file": None, "synthetic": {"root": "ds/s"}}) == os.path.abspath("ds/s/data.yaml")

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from yolo5l.coco_map import COCOMap
 from yolo5l.config import compose_config
 from yolo5l.data.coco2yolo import COCO_NAMES, convert_coco_json
-from yolo5l.save_preds import CocoIds, PredictionSaver, coco_entries, txt_lines, with_label_candidates
+from yolo5l.eval.coco_map import COCOMap
+from yolo5l.eval.save_preds import CocoIds, PredictionSaver, coco_entries, txt_lines, with_label_candidates
 
 CATEGORIES = [{"id": 3, "name": "car"}, {"id": 7, "name": "dog"}, {"id": 11, "name": "kite"}]
 
@@ -112,9 +112,9 @@ def test_json_scored_by_pycocotools_equals_coco_map(coco_style):
 def test_val_save_json_with_the_dataset_ids_scores_as_yolo5l(coco_style, capsys):
     """End to end: `val module/metric=coco save_json=true save_hybrid=true` on the converted dataset, annotations
     found where v7.0 looks (<root>/annotations/instances_val2017.json)."""
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.val import validate_weights
-    from yolo5l.weights import save_weights
 
     weights = coco_style["tmp"] / "w3.pt"
     save_weights(YOLOv5(num_classes=3, depth=0.33, width=0.125), weights, ["car", "dog", "kite"], imgsz=128)

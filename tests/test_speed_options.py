@@ -15,7 +15,7 @@ from torch import nn
 
 from yolo5l.callbacks import EMACallback
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.optim import optimizer_impl_kwargs, resolve_optimizer_impl, yolov5_param_groups
+from yolo5l.training.optim import optimizer_impl_kwargs, resolve_optimizer_impl, yolov5_param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -259,7 +259,7 @@ def test_ciou_backend_decides_the_kernel_of_the_loss(tiny_module):
 
 _MALLOC = """
 import os
-import yolo5l.hostmem as hostmem
+import yolo5l.base.hostmem as hostmem
 from yolo5l._cli import run_entry_point, running
 from yolo5l.train import main  # as pip's console script: `main` of a yolo5l module in __main__
 
@@ -306,7 +306,7 @@ def test_compiled_module_trains(tmp_path, tiny_module, tiny_data, make_trainer):
 
 
 def test_batch_nms_equals_image_by_image_calls(tiny_module):
-    from yolo5l.boxes import non_max_suppression
+    from yolo5l.infer.boxes import non_max_suppression
 
     module = tiny_module()
     module.model.eval()

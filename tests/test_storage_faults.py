@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from yolo5l.base.errors import UserError
 from yolo5l.callbacks.checkpoint import (
     AtomicCheckpointIO,
     CheckpointWriteError,
@@ -30,7 +31,6 @@ from yolo5l.callbacks.checkpoint import (
     stop_on_write_error,
     write_error_message,
 )
-from yolo5l.errors import UserError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 

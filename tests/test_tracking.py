@@ -17,9 +17,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf, open_dict
 
+from yolo5l.base.errors import UserError
 from yolo5l.callbacks.sweep import append_row, read_summary, render_markdown
 from yolo5l.config import check_group_choices, check_search_space, compose_config
-from yolo5l.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,17 +101,17 @@ def test_logger_options_compose_alone_and_as_lists(tmp_path, monkeypatch):
 
 
 def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
-    from yolo5l import tracking
+    from yolo5l.tracking import trackers
 
-    monkeypatch.setattr(tracking, "_installed", lambda module: False)
+    monkeypatch.setattr(trackers, "_installed", lambda module: False)
     for name in ("mlflow", "wandb"):
         cfg = compose_config([f"logger=[csv,{name}]"], output_dir=tmp_path)
         with pytest.raises(UserError, match=rf'^logger={name} needs the {name} extra: pip install -e "\.\[{name}\]"$'):
-            tracking.instantiate_entries(cfg.logger)
+            trackers.instantiate_entries(cfg.logger)
     # The command line: one line, exit code 2, no run folder left behind.
     r = _train(
         [*TINY, "logger=mlflow", f"paths.runs_dir={tmp_path / 'runs'}"], tmp_path,
-        prelude="import yolo5l.tracking as t; t._installed = lambda module: False",
+        prelude="import yolo5l.tracking.trackers as t; t._installed = lambda module: False",
     )  # fmt: skip
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == ['error: logger=mlflow needs the mlflow extra: pip install -e ".[mlflow]"']
@@ -120,7 +120,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
 
 def test_unreachable_tracking_uri_is_one_warning_and_the_other_loggers_stay(tmp_path, capsys):
     pytest.importorskip("mlflow")
-    from yolo5l.tracking import instantiate_entries
+    from yolo5l.tracking.trackers import instantiate_entries
 
     with socket.socket() as s:  # a port nothing listens on: the connection is refused
         s.bind(("127.0.0.1", 0))
@@ -139,8 +139,8 @@ def test_mlflow_run_has_metrics_params_images_and_run_files(tmp_path, monkeypatc
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from yolo5l.best_fitness import run_fitness
-    from yolo5l.tracking import finish_run
+    from yolo5l.tracking.trackers import finish_run
+    from yolo5l.training.best_fitness import run_fitness
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -172,7 +172,7 @@ def test_mlflow_run_has_metrics_params_images_and_run_files(tmp_path, monkeypatc
 
 
 def test_run_files_go_to_the_trackers_from_global_rank_zero_only(tmp_path):
-    from yolo5l.tracking import finish_run
+    from yolo5l.tracking.trackers import finish_run
 
     (tmp_path / "metrics.csv").write_text("epoch\n0\n")
     calls = []
@@ -216,7 +216,7 @@ def test_ddp_makes_one_mlflow_run_from_rank_zero(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_wandb_offline_run_has_config_metrics_images_and_run_files(tmp_path, monkeypatch, one_thread):
     wandb = pytest.importorskip("wandb")
-    from yolo5l.tracking import finish_run
+    from yolo5l.tracking.trackers import finish_run
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -302,7 +302,7 @@ def _write_job(sweep: Path, job: int, lr0: float) -> str:
 
 
 def test_search_summary_ranks_by_fitness_and_best_hyp_is_the_best_trials(tmp_path):
-    from yolo5l.search import write_best_hyp
+    from yolo5l.tracking.search import write_best_hyp
 
     fitness = {0: 0.2, 1: 0.5, 2: float("nan"), 3: 0.35}  # job 2 failed before validating
     for job, fit in fitness.items():

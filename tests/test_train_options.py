@@ -132,8 +132,8 @@ def test_single_cls_validation_is_class_agnostic(tiny_module):
 
 
 def test_single_cls_module_takes_one_name_for_a_model_of_any_class_count(tiny_module):
-    from yolo5l.metrics import DetectionMAP
-    from yolo5l.module import YOLOv5Module
+    from yolo5l.eval.metrics import DetectionMAP
+    from yolo5l.training.module import YOLOv5Module
 
     model = tiny_module().model  # 2 classes
     module = YOLOv5Module(model, model, None, None, DetectionMAP(), names=["item"], single_cls=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import check_train_config, compose_config
-from yolo5l.errors import UserError
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 SYNTHETIC = ["data.synthetic.num_train=16", "data.synthetic.num_val=8", "data.synthetic.seed=0"]
@@ -30,9 +30,9 @@ def synthetic(tmp_path_factory) -> Path:
 
 def test_val_single_cls_takes_a_model_of_any_class_count(tmp_path, synthetic, one_thread):
     """v7.0 val.py --single-cls skips the class-count check: a 4-class model is judged as one class, "item"."""
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.val import validate_weights
-    from yolo5l.weights import save_weights
 
     names = ["rectangle", "ellipse", "triangle", "cross"]
     weights = save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125), tmp_path / "w.pt", names, imgsz=64)

@@ -1,4 +1,5 @@
-"""Test-time augmentation (`yolo5l.tta`) against ultralytics/yolov5 v7.0's definition, for 3 and 4 output levels."""
+"""Test-time augmentation (`yolo5l.infer.tta`) against ultralytics/yolov5 v7.0's definition, for 3 and 4 output
+levels."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from yolo5l.infer.tta import TTADetector, augmented_decode, clip_tails, descale, scale_image
 from yolo5l.models.yolo import YOLOv5
-from yolo5l.tta import TTADetector, augmented_decode, clip_tails, descale, scale_image
 
 REPO = Path(__file__).resolve().parents[1]
 REF_PYTHON = REPO / ".refvenv" / "bin" / "python"

@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
-from yolo5l.errors import UserError
 from yolo5l.val import validate_weights
 
 COMMON = ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.precision=32", "plots=false",
@@ -27,8 +27,8 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     """Tiny yolov5 weights (width 0.125) for the 4 synthetic classes, the synthetic data yaml (4 val images) and one
     with a 3-image test split (train images copied as test)."""
     from yolo5l.data.synthetic import ensure_synthetic
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     tmp = tmp_path_factory.mktemp("valtasks")
     plain = ensure_synthetic(tmp / "syn", num_train=5, num_val=4, min_side=80, max_side=140)
@@ -107,10 +107,10 @@ def _direct_predictions(setup, augment: bool) -> dict[str, list[str]]:
         return _DIRECT[augment]
     from hydra.utils import instantiate
 
-    from yolo5l.boxes import non_max_suppression, to_original
-    from yolo5l.save_preds import txt_lines
-    from yolo5l.tta import augmented_decode
-    from yolo5l.weights import load_weights
+    from yolo5l.eval.save_preds import txt_lines
+    from yolo5l.infer.boxes import non_max_suppression, to_original
+    from yolo5l.infer.tta import augmented_decode
+    from yolo5l.io.weights import load_weights
 
     model = load_weights(setup["weights"])[0].fuse().eval()
     cfg = compose_config([f"weights={setup['weights']}", f"data.file={setup['with_test']}", *COMMON], "val",
@@ -178,8 +178,8 @@ def test_study_rows_equal_val_at_each_size(setup, augment, sizes):
 
 def test_study_and_speed_of_a_p6_model_use_its_stride(setup):
     """A P6 model's rectangular batches and study sizes are multiples of 64, its largest stride."""
+    from yolo5l.io.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.weights import save_weights
 
     torch.manual_seed(0)
     p6 = setup["tmp"] / "p6.pt"

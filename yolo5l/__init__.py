@@ -9,7 +9,7 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 #: The dependencies' own network calls, switched off before any of them is imported (every entry point and
 #: `import yolo5l` pass here first; DataLoader workers and DDP ranks inherit the environment): albumentations'
@@ -21,11 +21,11 @@ for _key, _value in OFFLINE_ENV.items():
 
 _EXPORTS = {
     "YOLOv5": "yolo5l.models.yolo",
-    "YOLOv5Loss": "yolo5l.loss",
+    "YOLOv5Loss": "yolo5l.training.loss",
     "YOLODataModule": "yolo5l.data.datamodule",
-    "YOLOv5Module": "yolo5l.module",
+    "YOLOv5Module": "yolo5l.training.module",
     "compose_config": "yolo5l.config",
-    "load_ultralytics": "yolo5l.weights",
+    "load_ultralytics": "yolo5l.io.weights",
 }
 
 __all__ = [
@@ -41,10 +41,10 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.loss import YOLOv5Loss
+    from yolo5l.io.weights import load_ultralytics
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.module import YOLOv5Module
-    from yolo5l.weights import load_ultralytics
+    from yolo5l.training.loss import YOLOv5Loss
+    from yolo5l.training.module import YOLOv5Module
 
 
 def __getattr__(name: str) -> Any:

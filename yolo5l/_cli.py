@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from yolo5l.base.console import fail, is_rank_zero
+from yolo5l.base.errors import UserError
 from yolo5l.config import check_group_choices
-from yolo5l.console import fail, is_rank_zero
-from yolo5l.errors import UserError
 
 __all__ = ["guarded", "one_console_line_per_log", "run_entry_point", "running"]
 
@@ -75,7 +75,7 @@ def running(tune_malloc: bool = False) -> Iterator[None]:
 
     On entry, what start-up built moves to the collector's permanent generation and the collector is turned back on
     (`resume_gc`); with `tune_malloc` and only on the command line, glibc keeps freed host memory
-    (`yolo5l.hostmem.tune_malloc`: process-wide, so a notebook or a test process keeps its allocator). On exit,
+    (`yolo5l.base.hostmem.tune_malloc`: process-wide, so a notebook or a test process keeps its allocator). On exit,
     however the block ends, the frozen objects go back to the collector (`unfreeze_start_up`): a sweep's next run
     needs the memory of this one's trainer and cache, and nothing is left frozen when the process ends. (The
     interpreter's shutdown never collects frozen objects, and nanobind, the bindings of triton that torch imports,
@@ -83,7 +83,7 @@ def running(tune_malloc: bool = False) -> Iterator[None]:
     """
     resume_gc()
     if tune_malloc and _command_line:
-        from yolo5l.hostmem import tune_malloc as keep_freed_memory
+        from yolo5l.base.hostmem import tune_malloc as keep_freed_memory
 
         keep_freed_memory()
     try:
@@ -173,9 +173,9 @@ def one_console_line_per_log() -> None:
 
 
 def guarded(fn: _F) -> _F:
-    """Run `fn` (a command's Hydra task) with its console copied into the run folder's log (`yolo5l.console.run_log`:
-    `train.log`, and `train_ddp_process_<rank>.log` for each further DDP rank), and turn `UserError` (and a missing
-    file) raised by it into a one-line message and exit code 2.
+    """Run `fn` (a command's Hydra task) with its console copied into the run folder's log
+    (`yolo5l.base.console.run_log`: `train.log`, and `train_ddp_process_<rank>.log` for each further DDP rank), and
+    turn `UserError` (and a missing file) raised by it into a one-line message and exit code 2.
 
     A run folder that Hydra created for the failed command and that holds nothing but Hydra's own files (`.hydra/`,
     the job log) is removed, so mistakes leave no empty runs behind.
@@ -183,7 +183,7 @@ def guarded(fn: _F) -> _F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from yolo5l.console import run_log
+        from yolo5l.base.console import run_log
 
         try:
             with run_log():  # a DDP rank re-launched by Lightning writes its own <job name>.log

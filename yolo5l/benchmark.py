@@ -23,9 +23,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from yolo5l._cli import guarded, run_entry_point
-from yolo5l.console import info, print_outputs
-from yolo5l.errors import UserError, shown_path
-from yolo5l.files import atomic_open
+from yolo5l.base.console import info, print_outputs
+from yolo5l.base.errors import UserError, shown_path
+from yolo5l.io.files import atomic_open
 
 __all__ = ["Row", "benchmark", "format_table"]
 
@@ -87,11 +87,11 @@ def _one(
     name: str, cfg: DictConfig, overrides: list[str], weights: Path, out: Path, imgsz: int, calibration: Any
 ) -> Row:
     from yolo5l.config import compose_config
+    from yolo5l.deploy.exported import load_exported
     from yolo5l.deploy.formats import output_path
     from yolo5l.export import ExportOptions, export_model
-    from yolo5l.exported import load_exported
+    from yolo5l.io.weights import load_weights
     from yolo5l.val import validate_weights
-    from yolo5l.weights import load_weights
 
     fmt, _, precision = name.partition("-")
     row = Row(name)
@@ -123,7 +123,7 @@ def _one(
 def benchmark(cfg: DictConfig) -> list[Row]:
     """Export, validate and time each format of `cfg.formats` (conf/benchmark.yaml); returns the table's rows."""
     from yolo5l.deploy.formats import FORMATS
-    from yolo5l.weights import load_weights, resolve_weights
+    from yolo5l.io.weights import load_weights, resolve_weights
 
     out = Path(HydraConfig.get().runtime.output_dir)
     unknown = [f for f in cfg.formats if f != "pytorch" and f not in FORMATS]

@@ -24,8 +24,8 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import yolo5l.resolvers  # noqa: F401 - the resolvers conf/ uses
-from yolo5l.errors import UserError
+import yolo5l.base.resolvers  # noqa: F401 - the resolvers conf/ uses
+from yolo5l.base.errors import UserError
 
 __all__ = [
     "CONFIG_MODULE",
@@ -64,7 +64,7 @@ def compose_config(
     Returns:
         The composed config, without its `hydra` node.
     """
-    from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
+    from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
 
     overrides = hyp_file_argv(list(overrides or []))  # hyp=path/to/hyp.yaml, as on the command line
     with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
@@ -220,7 +220,7 @@ def _check_file(value: Any, key: str, hint: str) -> None:
 
 def _check_weights(value: Any) -> None:
     from yolo5l.deploy.formats import find_format
-    from yolo5l.download import weights_url
+    from yolo5l.io.download import weights_url
 
     if weights_url(str(value)) is None and not (Path(str(value)).is_dir() and find_format(str(value))):
         # A URL or a release name (yolov5s.pt) is downloaded when loaded; an exported model folder is a folder.
@@ -256,7 +256,7 @@ def _check_trainer(trainer: DictConfig) -> None:
 
 
 def _check_module(module: DictConfig) -> None:
-    from yolo5l.optim import OPTIMIZER_IMPLS
+    from yolo5l.training.optim import OPTIMIZER_IMPLS
 
     impl = module.get("optimizer_impl")
     if impl is not None and str(impl) not in OPTIMIZER_IMPLS:
@@ -272,7 +272,7 @@ def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
     Raises:
         UserError: One sentence naming the key and the fix.
     """
-    from yolo5l.hardware import num_devices
+    from yolo5l.base.hardware import num_devices
 
     _check_trainer(cfg.trainer)
     if cfg.data.get("imgsz") is None:
@@ -338,7 +338,7 @@ def check_predict_config(cfg: DictConfig) -> None:
 
 # ---- resume ---------------------------------------------------------------------------------------------------------
 #: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module),
-#: except a new `hyp.lr0` for the rest of a run that diverged (`yolo5l.optim.rescale_lr0`).
+#: except a new `hyp.lr0` for the rest of a run that diverged (`yolo5l.training.optim.rescale_lr0`).
 RESUME_MAY_CHANGE = (
     "hyp.lr0", "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
     "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",

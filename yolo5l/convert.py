@@ -2,11 +2,11 @@
 
     python -m yolo5l.convert yolov5s.pt yolov5s_yolo5l.pt [--num-classes N]
 
-The output is what :func:`yolo5l.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
+The output is what :func:`yolo5l.io.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
 anchors, cfg (the layer table: None for P5, "p6", or the model yaml)}, ``state_dict`` (half precision), ``names``
 and ``imgsz``; ``torch.load(out, weights_only=True)`` reads it. The input (a stripped release file, or the
 unstripped ``last.pt``/``best.pt`` of a run, whose EMA weights are taken) is read without running pickled code
-(``yolo5l.safe_pickle``): no ultralytics install is needed.
+(``yolo5l.io.safe_pickle``): no ultralytics install is needed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from yolo5l.errors import EXIT_USAGE
-from yolo5l.weights import UnsafeCheckpointError, load_weights, save_weights
+from yolo5l.base.errors import EXIT_USAGE
+from yolo5l.io.weights import UnsafeCheckpointError, load_weights, save_weights
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -6,8 +6,8 @@ v7.0 `export.py` (`export_onnx`, `export_torchscript`: Detect in export mode), s
 these. Class names, stride and image size are in the file: ONNX `metadata_props` (`names` as a JSON list, `stride`,
 `imgsz`, ...), TorchScript `config.txt` (JSON). The file is written beside the weights (`<stem>.onnx`,
 `<stem>.torchscript`) unless `output=` says where, then run on the example input (onnxruntime, `torch.jit.load`)
-and compared with PyTorch in one printed line. `yolo5l.exported.load_exported` runs it again; `python -m yolo5l.val`
-and `python -m yolo5l.predict` take it as `weights=`.
+and compared with PyTorch in one printed line. `yolo5l.deploy.exported.load_exported` runs it again;
+`python -m yolo5l.val` and `python -m yolo5l.predict` take it as `weights=`.
 
 ONNX needs the `export` extra (`pip install -e ".[export]"`: onnx, onnxruntime).
 """
@@ -29,15 +29,15 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from yolo5l._cli import guarded, run_entry_point, running
+from yolo5l.base.console import info, print_outputs
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.config import check_export_config
-from yolo5l.console import info, print_outputs
+from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import FORMATS, output_path, require_extra
-from yolo5l.divergence import first_non_finite
-from yolo5l.errors import UserError, shown_path
-from yolo5l.exported import load_exported
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5
+from yolo5l.training.divergence import first_non_finite
 
 __all__ = ["DecodedYOLOv5", "ExportOptions", "export_model", "export_weights", "prepare_for_export"]
 
@@ -348,10 +348,10 @@ def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
 
 def export_weights(cfg: DictConfig) -> Path:
     """Export as `cfg` (conf/export.yaml) says; returns the file written."""
-    from yolo5l.download import weights_url
-    from yolo5l.hardware import inference_device
-    from yolo5l.model_source import check_stride
-    from yolo5l.weights import load_weights, resolve_weights
+    from yolo5l.base.hardware import inference_device
+    from yolo5l.io.download import weights_url
+    from yolo5l.io.model_source import check_stride
+    from yolo5l.io.weights import load_weights, resolve_weights
 
     check_export_config(cfg)
     fmt = str(cfg.format)

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from importlib.resources import files
 from typing import Any
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = ["check_overrides", "closest_key"]
 

@@ -1,12 +1,13 @@
 """Detect objects: `python -m yolo5l.predict weights=<weights.pt|best.pt|last.ckpt|*.onnx|yolov5s.pt> source=...`.
 
-`source` is anything v7.0's detect.py takes (`yolo5l.sources`): images, videos, folders, globs, URLs of images and
+`source` is anything v7.0's detect.py takes (`yolo5l.infer.sources`): images, videos, folders, globs, URLs of images and
 videos, a webcam index, rtsp/rtmp/http streams, a `.txt` list of streams, or a list of files. Files run in batches of
 `batch_size`, decoded ahead by a background thread while the model runs; streams run one frame of each per batch.
-Options as detect.py's: `classes`, `agnostic_nms`, `max_det`, `augment` (`yolo5l.tta`), `half` (CUDA), `vid_stride`,
-`visualize` (`yolo5l.feature_maps`), `save_images` (false = `--nosave`), `save_txt`, `save_conf`, `save_crop`,
-`line_thickness`, `hide_labels`, `hide_conf`; the outputs are described in `yolo5l.predict_outputs`. An image or
-video that cannot be decoded is reported, counted and skipped; a source that cannot be opened is one line.
+Options as detect.py's: `classes`, `agnostic_nms`, `max_det`, `augment` (`yolo5l.infer.tta`), `half` (CUDA),
+`vid_stride`, `visualize` (`yolo5l.infer.feature_maps`), `save_images` (false = `--nosave`), `save_txt`,
+`save_conf`, `save_crop`, `line_thickness`, `hide_labels`, `hide_conf`; the outputs are described in
+`yolo5l.infer.predict_outputs`. An image or video that cannot be decoded is reported, counted and skipped; a source
+that cannot be opened is one line.
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from yolo5l._cli import guarded, run_entry_point, running
+from yolo5l.base.console import info, print_outputs
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.config import check_predict_config
-from yolo5l.console import info, print_outputs
-from yolo5l.errors import UserError, shown_path
-from yolo5l.sources import IMAGE_SUFFIXES, VIDEO_SUFFIXES, Frame, StreamSet, file_frames, is_video, resolve_sources
+from yolo5l.infer.sources import (
+    IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
+    Frame,
+    StreamSet,
+    file_frames,
+    is_video,
+    resolve_sources,
+)
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "predict"]
 
@@ -43,9 +52,9 @@ _Item = tuple[Frame, np.ndarray, tuple[tuple[float, float], tuple[float, float]]
 def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int, Any]:
     """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
     network itself (None for an exported file)."""
-    from yolo5l.exported import is_exported, load_exported
-    from yolo5l.model_source import check_stride
-    from yolo5l.weights import load_weights, resolve_weights
+    from yolo5l.deploy.exported import is_exported, load_exported
+    from yolo5l.io.model_source import check_stride
+    from yolo5l.io.weights import load_weights, resolve_weights
 
     net: nn.Module | None = None
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: returns the decoded boxes itself
@@ -63,7 +72,7 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
         if _half(cfg, device):
             net = net.half()
         if cfg.augment:
-            from yolo5l.tta import TTADetector
+            from yolo5l.infer.tta import TTADetector
 
             detector = TTADetector(net)
         else:
@@ -175,10 +184,10 @@ def predict(cfg: DictConfig) -> list[dict]:
     """Run detection as `cfg` (conf/predict.yaml) says; returns the detections written to predictions.json."""
     import os
 
-    from yolo5l.boxes import non_max_suppression, scale_boxes
-    from yolo5l.feature_maps import FeatureMaps
-    from yolo5l.hardware import inference_device
-    from yolo5l.predict_outputs import PredictOutputs
+    from yolo5l.base.hardware import inference_device
+    from yolo5l.infer.boxes import non_max_suppression, scale_boxes
+    from yolo5l.infer.feature_maps import FeatureMaps
+    from yolo5l.infer.predict_outputs import PredictOutputs
     from yolo5l.val_tasks import StageTimes, speed_line
 
     check_predict_config(cfg)

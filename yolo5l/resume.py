@@ -10,11 +10,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from yolo5l.base.console import info, is_rank_zero
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
 from yolo5l.config import merge_resume_config
-from yolo5l.console import info, is_rank_zero
-from yolo5l.errors import UserError, shown_path
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 
 __all__ = ["resume_config", "resume_in_place"]
 

@@ -9,7 +9,7 @@ devices and data, each value with where it came from when that is not the shippe
       ...
 
 The sources are: `command line`, the config option that set it (`experiment=smoke`, `data=coco128`,
-`trainer=cpu`), `auto: <why>` for a value yolo5l resolved (yolo5l/hardware.py), `the weights` for what val,
+`trainer=cpu`), `auto: <why>` for a value yolo5l resolved (yolo5l/base/hardware.py), `the weights` for what val,
 predict and export take from a weights file, `the checkpoint` for a resumed run's own settings.
 """
 
@@ -129,14 +129,16 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     from lightning.pytorch.accelerators import CPUAccelerator
     from omegaconf import OmegaConf
 
-    from yolo5l.errors import shown_path
-    from yolo5l.hardware import loader_workers, precision_reason
+    from yolo5l.base.errors import shown_path
+    from yolo5l.base.hardware import loader_workers, precision_reason
 
     overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
     choices = dict(hydra_cfg.runtime.choices) if hydra_cfg is not None else {}
     resumed = bool(cfg.get("resume"))
 
-    def auto(value: Any) -> bool:  # `auto`, or a conf default that yolo5l.resolvers resolves (`${auto_precision:...}`)
+    def auto(
+        value: Any,
+    ) -> bool:  # `auto`, or a conf default that yolo5l.base.resolvers resolves (`${auto_precision:...}`)
         return str(value) == "auto" or str(value).startswith("${auto_")
 
     raw_trainer = OmegaConf.to_container(cfg.trainer, resolve=False) if OmegaConf.is_config(cfg.trainer) else {}
@@ -185,7 +187,7 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
 
 def print_block(title: str, rows: Mapping[str, str | None]) -> None:
     """Print the block (rank 0 only): `title`, then one aligned `label: value   [source]` line per row."""
-    from yolo5l.console import print_outputs
+    from yolo5l.base.console import print_outputs
 
     print_outputs(title, rows)
 
@@ -196,7 +198,7 @@ _DATA_CHOICES = ("data", "data.file", "data.synthetic")
 
 def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] | None = None) -> str | None:
     """`python -m yolo5l.val` without `data=` / `data.file=`: validate on the dataset yaml the weights record
-    (`yolo5l.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
+    (`yolo5l.io.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
     command line chose the data, the weights record none, or the recorded file is not here (a warning line then).
 
     Args:
@@ -206,8 +208,8 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
     """
     from omegaconf import open_dict
 
-    from yolo5l.console import info
-    from yolo5l.errors import shown_path
+    from yolo5l.base.console import info
+    from yolo5l.base.errors import shown_path
 
     if overrides is None:
         from hydra.core.hydra_config import HydraConfig

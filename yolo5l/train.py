@@ -30,25 +30,25 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
+from yolo5l.base.console import fail, info, print_outputs
+from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.hardware import uses_cuda
 from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
 from yolo5l.callbacks.epoch_line import EpochLine
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
-from yolo5l.console import fail, info, print_outputs
-from yolo5l.divergence import TrainingDiverged
-from yolo5l.errors import UserError, shown_path
-from yolo5l.final_val import validate_best
-from yolo5l.hardware import uses_cuda
-from yolo5l.hyp_file import apply_hyp_file, hyp_file_argv
+from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
 from yolo5l.run_info import cpu_oversubscription, print_block, training_rows
-from yolo5l.tracking import finish_run, instantiate_entries
+from yolo5l.tracking.trackers import finish_run, instantiate_entries
+from yolo5l.training.divergence import TrainingDiverged
+from yolo5l.training.final_val import validate_best
 
 
 def _instantiate_all(node: DictConfig | None) -> list[Any]:
     """Instantiate every `_target_` entry of a group keyed by name (callbacks, loggers); a tracker's missing extra is
-    a `UserError`, an unreachable one is left out with a warning (`yolo5l.tracking.instantiate_entries`)."""
+    a `UserError`, an unreachable one is left out with a warning (`yolo5l.tracking.trackers.instantiate_entries`)."""
     return instantiate_entries(node)
 
 
@@ -63,10 +63,10 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch import seed_everything
     from lightning.pytorch.callbacks import ProgressBar
 
-    from yolo5l.amp_check import check_amp
-    from yolo5l.hardware import resolve_precision
-    from yolo5l.model_source import build_model, check_stride
+    from yolo5l.base.hardware import resolve_precision
+    from yolo5l.io.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
+    from yolo5l.training.amp_check import check_amp
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = instantiate(cfg.data, _convert_="all")
@@ -162,7 +162,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:
     ckpt_dir = next((Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
     if ckpt_dir is None:  # no LastCheckpoint (callbacks=none): the weights still leave the run
-        from yolo5l.weights import save_weights
+        from yolo5l.io.weights import save_weights
 
         spec = getattr(trainer.datamodule, "spec", None)
         data, imgsz = getattr(spec, "file", None), getattr(trainer.datamodule, "imgsz", None)

@@ -6,8 +6,8 @@ then the per-class table (`per_class.csv`) and, unless `plots=false`, ultralytic
 The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...).
 
 `task=val|test|train` validates on that split of the data yaml; `task=speed` and `task=study` time the model
-(`yolo5l.val_tasks`). `augment=true` adds test-time augmentation (`yolo5l.tta`); `save_txt`, `save_conf`,
-`save_hybrid` and `save_json` save the predictions (`yolo5l.save_preds`), and a COCO results file is scored against
+(`yolo5l.val_tasks`). `augment=true` adds test-time augmentation (`yolo5l.infer.tta`); `save_txt`, `save_conf`,
+`save_hybrid` and `save_json` save the predictions (`yolo5l.eval.save_preds`), and a COCO results file is scored against
 the COCO annotations when they are there.
 """
 
@@ -23,16 +23,16 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
+from yolo5l.base.console import info, print_outputs
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.callbacks.save_predictions import SavedOutputs
 from yolo5l.config import check_val_config
-from yolo5l.console import info, print_outputs
-from yolo5l.errors import UserError, shown_path
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 from yolo5l.run_info import data_from_weights
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
 if TYPE_CHECKING:
-    from yolo5l.per_class import PerClassResults
+    from yolo5l.eval.per_class import PerClassResults
 
     #: The per-class results, the class names and the files written (name -> path).
     _PerClass = tuple[PerClassResults, list[str], dict[str, Path]]
@@ -45,11 +45,11 @@ _TABLE = (
 
 def validate_weights(cfg: DictConfig) -> dict[str, float]:
     """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
+    from yolo5l.base.hardware import resolve_precision
     from yolo5l.callbacks.val_plots import ValidationPlots
-    from yolo5l.exported import is_exported
-    from yolo5l.hardware import resolve_precision
-    from yolo5l.model_source import check_stride
-    from yolo5l.weights import load_weights, resolve_weights
+    from yolo5l.deploy.exported import is_exported
+    from yolo5l.io.model_source import check_stride
+    from yolo5l.io.weights import load_weights, resolve_weights
 
     check_val_config(cfg)
     check_val_options(cfg)
@@ -58,7 +58,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
         return run_timing_task(cfg, _set_imgsz)
     if exported:  # an ONNX / TorchScript file: no LightningModule, a plain loop
         if cfg.data.get("imgsz") is None:
-            from yolo5l.exported import load_exported
+            from yolo5l.deploy.exported import load_exported
 
             _set_imgsz(cfg, load_exported(str(cfg.weights), "cpu")[2])
         datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
@@ -127,9 +127,9 @@ def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) ->
     """Validate an exported file (`yolo5l.val_tasks.validate_exported`) with the module config's NMS and metric."""
     import torch
 
+    from yolo5l.base.hardware import uses_cuda
     from yolo5l.callbacks.val_plots import write_outputs
-    from yolo5l.exported import load_exported
-    from yolo5l.hardware import uses_cuda
+    from yolo5l.deploy.exported import load_exported
     from yolo5l.val_tasks import validate_exported
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
@@ -170,7 +170,7 @@ def _report(
     print(" ".join(f"{metrics.get(key, float('nan')):>13.4f}" for _, key in _TABLE))
     outputs = {"metrics": shown_path(out / "metrics.json"), **outputs}
     if per_class is not None:
-        from yolo5l.plots import format_per_class_table
+        from yolo5l.eval.plots import format_per_class_table
 
         results, names, files = per_class
         print("\n" + format_per_class_table(results, names))

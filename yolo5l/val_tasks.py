@@ -30,8 +30,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import Tensor
 
-from yolo5l.console import info
-from yolo5l.errors import UserError
+from yolo5l.base.console import info
+from yolo5l.base.errors import UserError
 
 __all__ = [
     "SPEED_CONF", "SPEED_IOU", "TASKS", "StageTimes", "check_val_options", "load_detector", "plot_study",
@@ -110,7 +110,7 @@ def validation_loop(
         max_det: Detections kept per image.
         metric: `DetectionMAP` or `COCOMap`, updated per batch; None computes no metric.
         times: Stage clocks (`StageTimes`); None times nothing.
-        saver: A `yolo5l.save_preds.PredictionSaver` (txt, JSON entries); None saves nothing.
+        saver: A `yolo5l.eval.save_preds.PredictionSaver` (txt, JSON entries); None saves nothing.
         hybrid: Add the labels to the NMS candidates (`save_hybrid`).
         single_cls: NMS across classes and every detection class 0 (`data.single_cls`, v7.0's `--single-cls`).
         warmup: Run the first batch once untimed before timing it.
@@ -119,8 +119,8 @@ def validation_loop(
     Returns:
         `val/<key>` -> value of the metric, as `trainer.validate` reports them; {} without a metric.
     """
-    from yolo5l.boxes import labels_to_original, non_max_suppression, to_original
-    from yolo5l.save_preds import with_label_candidates
+    from yolo5l.eval.save_preds import with_label_candidates
+    from yolo5l.infer.boxes import labels_to_original, non_max_suppression, to_original
 
     if metric is not None:
         metric = metric.to(device)
@@ -163,7 +163,7 @@ STUDY_COLUMNS = ("imgsz", "precision", "recall", "map_50", "map", "pre_process_m
 
 def write_study(rows: Sequence[Sequence[float]], path: Path) -> Path:
     """Write study rows (`STUDY_COLUMNS`) as CSV, atomically."""
-    from yolo5l.files import atomic_write
+    from yolo5l.io.files import atomic_write
 
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -175,8 +175,8 @@ def write_study(rows: Sequence[Sequence[float]], path: Path) -> Path:
 
 def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
     """study.png: mAP@0.5:0.95 (%) against inference ms per image (v7.0's figure) and against the image size."""
-    from yolo5l.annotate import save_rgb
-    from yolo5l.plots import new_figure, render
+    from yolo5l.eval.plots import new_figure, render
+    from yolo5l.infer.annotate import save_rgb
 
     fig = new_figure(10, 4)
     left, right = fig.subplots(1, 2)
@@ -196,7 +196,7 @@ def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
 
 def write_speed(results: Sequence[dict[str, Any]], path: Path) -> Path:
     """speed.json: one entry per batch size, {shape, pre_process_ms, inference_ms, nms_ms, images}."""
-    from yolo5l.files import atomic_write
+    from yolo5l.io.files import atomic_write
 
     return atomic_write(path, json.dumps(list(results), indent=2))
 
@@ -218,7 +218,7 @@ def check_val_options(cfg: DictConfig) -> None:
     Raises:
         UserError: One line naming the key and the fix.
     """
-    from yolo5l.exported import is_exported
+    from yolo5l.deploy.exported import is_exported
 
     if str(cfg.task) not in TASKS:
         raise UserError(f"task={cfg.task!r} is not a task: choose one of {', '.join(TASKS)}")
@@ -235,7 +235,7 @@ def check_val_options(cfg: DictConfig) -> None:
 
 
 def _autocast(cfg: DictConfig) -> torch.dtype | None:
-    from yolo5l.hardware import resolve_precision
+    from yolo5l.base.hardware import resolve_precision
 
     precision = str(resolve_precision(cfg.trainer.get("precision", "auto"), str(cfg.trainer.get("accelerator"))))
     return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
@@ -245,8 +245,8 @@ def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tens
     """The detector of `cfg.weights` on `device`: a fused eval copy of .pt weights (with `TTADetector` when
     `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported,
     the model's largest stride: 64 for P6, which rectangular batches and image sizes must be multiples of)."""
-    from yolo5l.exported import is_exported, load_exported
-    from yolo5l.weights import load_weights, resolve_weights
+    from yolo5l.deploy.exported import is_exported, load_exported
+    from yolo5l.io.weights import load_weights, resolve_weights
 
     if is_exported(str(cfg.weights)):
         model, _, imgsz, stride = load_exported(str(cfg.weights), device)
@@ -260,7 +260,7 @@ def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tens
     if cfg.module.get("channels_last"):
         net = net.to(memory_format=torch.channels_last)
     if cfg.augment:
-        from yolo5l.tta import TTADetector
+        from yolo5l.infer.tta import TTADetector
 
         return TTADetector(net), loaded.imgsz, False, stride
 
@@ -275,9 +275,9 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
     from hydra.core.hydra_config import HydraConfig
 
     from yolo5l._cli import running
-    from yolo5l.console import print_outputs
-    from yolo5l.errors import shown_path
-    from yolo5l.hardware import uses_cuda
+    from yolo5l.base.console import print_outputs
+    from yolo5l.base.errors import shown_path
+    from yolo5l.base.hardware import uses_cuda
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     detector, file_imgsz, exported, stride = load_detector(cfg, device)

@@ -1,5 +1,5 @@
 """`AutoAnchor`: before training, check how well the model's anchors fit the training boxes and re-fit them when
-they fit poorly (YOLOv5's AutoAnchor, `yolo5l.autoanchor`).
+they fit poorly (YOLOv5's AutoAnchor, `yolo5l.training.autoanchor`).
 
 Reference: ultralytics/yolov5 v7.0 `train.py::train` (`check_anchors` before training unless `--noautoanchor` or
 `--resume`), `utils/autoanchor.py::check_anchors`.
@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
-from yolo5l.autoanchor import AnchorCheck, check_anchors
+from yolo5l.training.autoanchor import AnchorCheck, check_anchors
 
 __all__ = ["AutoAnchor", "apply_anchors"]
 

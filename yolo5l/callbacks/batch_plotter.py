@@ -11,8 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from yolo5l.annotate import draw_batch, save_rgb
-from yolo5l.tracking import EXTRAS, add_jpeg, log_image
+from yolo5l.infer.annotate import draw_batch, save_rgb
+from yolo5l.tracking.trackers import EXTRAS, add_jpeg, log_image
 
 __all__ = ["BatchPlotter"]
 

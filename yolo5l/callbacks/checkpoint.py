@@ -26,11 +26,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from typing_extensions import override
 
-from yolo5l.archive import archive_damage
-from yolo5l.best_fitness import BestFitness, best_of
-from yolo5l.divergence import first_non_finite
-from yolo5l.errors import UserError, shown_path
-from yolo5l.weights import atomic_save, save_weights
+from yolo5l.base.errors import UserError, shown_path
+from yolo5l.io.archive import archive_damage
+from yolo5l.io.old_targets import current_targets
+from yolo5l.io.weights import atomic_save, save_weights
+from yolo5l.training.best_fitness import BestFitness, best_of
+from yolo5l.training.divergence import first_non_finite
 
 __all__ = [
     "AtomicCheckpointIO", "CheckpointWriteError", "LastCheckpoint", "ResumeState", "RunConfig", "archive_damage",
@@ -439,7 +440,7 @@ def read_resume_state(path: Path) -> ResumeState:
             f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
         )
     epochs_done, batches_done = checkpoint_position(ckpt)
-    return ResumeState(path, epochs_done, ckpt.get(CONFIG_KEY), batches_done)
+    return ResumeState(path, epochs_done, current_targets(ckpt.get(CONFIG_KEY)), batches_done)
 
 
 def checkpoint_position(ckpt: dict[str, Any]) -> tuple[int, int]:

@@ -13,7 +13,7 @@ scheduler's run delay, from `/proc/self/task/*/schedstat`) and how much of the p
 one window; when cores were idle and it runs below its ceiling, it tries more. The trial is kept only when the
 median step time improves by `min_gain`; a trial that loses is retried later, at doubling intervals. The ceiling is
 torch's thread count at the start of training (OMP_NUM_THREADS, Lightning's per-rank split under DDP) capped by the
-cores the process owns (its affinity mask and cgroup CPU quota: `yolo5l.hardware.owned_cores`).
+cores the process owns (its affinity mask and cgroup CPU quota: `yolo5l.base.hardware.owned_cores`).
 
 Before the first step it measures, for `probe_seconds`, how many cores are free (idle, or busy with this process and
 its workers) and starts at that many threads when fewer than the ceiling are: beside a job in another session (the
@@ -42,7 +42,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from yolo5l.hardware import owned_cores
+from yolo5l.base.hardware import owned_cores
 
 __all__ = ["CPUThreads", "available_cores", "idle_cores", "own_cpu_seconds", "run_delay_seconds"]
 

@@ -1,5 +1,5 @@
 """`LabelPlots`: `labels.jpg` and `labels_correlogram.jpg` in the run folder before the first epoch (YOLOv5's first
-look at a dataset's training labels; `yolo5l.label_plots`)."""
+look at a dataset's training labels; `yolo5l.eval.label_plots`)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class LabelPlots(Callback):
         labels = [np.asarray(lb).reshape(-1, 5) for lb in getattr(dataset, "labels", None) or []]
         if not labels or not sum(len(lb) for lb in labels):
             return
-        from yolo5l.label_plots import write_label_plots
+        from yolo5l.eval.label_plots import write_label_plots
 
         out = Path(self.out_dir or trainer.default_root_dir)
         names = list(getattr(pl_module, "names", []) or [])

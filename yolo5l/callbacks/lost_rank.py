@@ -1,6 +1,6 @@
 """`LostRankWatch`: when a DDP rank dies (the kernel's OOM killer, a lost node, a crashed worker), the job ends with
 one line naming the rank, its signal or exit code, the last complete checkpoint and the `resume=` command, and with
-exit status 75 (`RankLost`, `yolo5l.errors.EXIT_RANK_LOST`).
+exit status 75 (`RankLost`, `yolo5l.base.errors.EXIT_RANK_LOST`).
 
 How a lost rank is noticed depends on who started the ranks:
 
@@ -47,7 +47,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from yolo5l.errors import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_USAGE, shown_path
+from yolo5l.base.errors import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_USAGE, shown_path
 
 __all__ = ["LostRankWatch", "RankLost", "collective_failure", "lost_rank_message", "raise_if_rank_lost"]
 
@@ -260,7 +260,7 @@ def _stop_lightning_observer(procs: list[Any]) -> None:
 
 
 def _remove_partial_writes(trainer: pl.Trainer) -> None:
-    """Remove the temporary files of checkpoint writes cut short (`yolo5l.weights.atomic_save` names them
+    """Remove the temporary files of checkpoint writes cut short (`yolo5l.io.weights.atomic_save` names them
     `.<name>.<random>.tmp` beside the target); the files they would have replaced are whole."""
     for cb in getattr(trainer, "checkpoint_callbacks", []):
         folder = getattr(cb, "dirpath", None)

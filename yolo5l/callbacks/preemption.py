@@ -71,9 +71,9 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from yolo5l.base.errors import shown_path
 from yolo5l.callbacks.checkpoint import LastCheckpoint, stop_on_write_error
 from yolo5l.callbacks.lost_rank import RankLost, collective_failure, lost_rank_message
-from yolo5l.errors import shown_path
 
 __all__ = ["Preempted", "PreemptionCheckpoint"]
 

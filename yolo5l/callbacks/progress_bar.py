@@ -76,7 +76,7 @@ def console_progress(refresh_rate: int = 10, style: str = "auto") -> ProgressBar
     Raises:
         ValueError: An unknown style.
     """
-    from yolo5l.console import is_terminal
+    from yolo5l.base.console import is_terminal
 
     if style not in STYLES:
         raise ValueError(f"callbacks.progress_bar.style={style!r} is not one of: {', '.join(STYLES)}")

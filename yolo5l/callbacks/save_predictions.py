@@ -2,7 +2,7 @@
 what val saves besides the metrics, and the score of its COCO results file.
 
 Each rank writes the txt labels of its own images as their batches end; the COCO results entries of every rank are
-gathered on global rank 0, which writes the JSON (`yolo5l.save_preds.PredictionSaver` does the formats).
+gathered on global rank 0, which writes the JSON (`yolo5l.eval.save_preds.PredictionSaver` does the formats).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from yolo5l.errors import shown_path
-from yolo5l.save_preds import CocoIds, PredictionSaver, score_coco_json
+from yolo5l.base.errors import shown_path
+from yolo5l.eval.save_preds import CocoIds, PredictionSaver, score_coco_json
 
 __all__ = ["SavePredictions", "SavedOutputs"]
 

@@ -23,8 +23,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from typing_extensions import override
 
-from yolo5l.best_fitness import run_fitness
-from yolo5l.files import atomic_write, file_lock
+from yolo5l.io.files import atomic_write, file_lock
+from yolo5l.training.best_fitness import run_fitness
 
 COLUMNS = (
     "job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir", "fitness",
@@ -49,7 +49,7 @@ class SweepSummary(Callback):
 
     Throughput comes from the ThroughputMonitor's `train/images_per_sec` and `train/data_wait` (median over
     the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`,
-    fitness from the best validation (`yolo5l.best_fitness.run_fitness`: what the job returns to a sweeper).
+    fitness from the best validation (`yolo5l.training.best_fitness.run_fitness`: what the job returns to a sweeper).
 
     Args:
         sweep_dir: The sweep folder (`hydra.sweep.dir`).
@@ -113,7 +113,7 @@ class SweepSummary(Callback):
 def _metric_history(trainer: pl.Trainer) -> dict[str, list[float]]:
     # Prefer the per-epoch CSV logger's full history (it also sees values callbacks log straight to the
     # loggers); fall back to the trainer's latest values.
-    from yolo5l.loggers import EpochCSVLogger
+    from yolo5l.tracking.loggers import EpochCSVLogger
 
     history: dict[str, list[float]] = {}
     for key, value in trainer.callback_metrics.items():

@@ -8,7 +8,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = ["ValEveryNEpochs"]
 

@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 if TYPE_CHECKING:
-    from yolo5l.per_class import PerClassResults
+    from yolo5l.eval.per_class import PerClassResults
 
 __all__ = ["ValidationPlots", "write_outputs"]
 
@@ -119,7 +119,7 @@ class ValidationPlots(Callback):
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, results_png: bool) -> None:
         if not trainer.is_global_zero or self.results is None:
             return
-        from yolo5l.plots import format_per_class_table, results_figure
+        from yolo5l.eval.plots import format_per_class_table, results_figure
 
         out = Path(self.out_dir or trainer.default_root_dir)
         names = list(getattr(pl_module, "names", []) or [])
@@ -146,9 +146,9 @@ class ValidationPlots(Callback):
             tb.flush()
 
     def _draw_batches(self, names: Sequence[str], out: Path, tensorboards: Sequence[Any], step: int) -> None:
-        from yolo5l.annotate import save_rgb
-        from yolo5l.plots import draw_val_batch, to_letterbox
-        from yolo5l.tracking import add_jpeg
+        from yolo5l.eval.plots import draw_val_batch, to_letterbox
+        from yolo5l.infer.annotate import save_rgb
+        from yolo5l.tracking.trackers import add_jpeg
 
         for i, (img, targets, dets, shapes) in sorted(self._batches.items()):
             hw = img.shape[2:]
@@ -168,9 +168,9 @@ def write_outputs(
     figures: Mapping[str, Any] | None = None,
     on_image: Callable[[str, np.ndarray], None] | None = None,
 ) -> dict[str, Path]:
-    """`yolo5l.plots.write_validation_files` where a failure is a warning: per_class.csv is still written when a
+    """`yolo5l.eval.plots.write_validation_files` where a failure is a warning: per_class.csv is still written when a
     figure fails, and nothing raises (a finished training or validation run keeps its other outputs)."""
-    from yolo5l.plots import write_per_class_csv, write_validation_files
+    from yolo5l.eval.plots import write_per_class_csv, write_validation_files
 
     try:
         return write_validation_files(results, names, out_dir, plots, figures, on_image)
@@ -192,7 +192,7 @@ def _warn_on_failure(what: str) -> Iterator[None]:
 
 def _metrics_rows(trainer: pl.Trainer) -> list[dict[str, str]]:
     """The run's metrics.csv rows (`EpochCSVLogger`, saved first so that the last epoch is in), or none."""
-    from yolo5l.loggers import EpochCSVLogger, read_metrics_csv
+    from yolo5l.tracking.loggers import EpochCSVLogger, read_metrics_csv
 
     for lg in trainer.loggers:
         if isinstance(lg, EpochCSVLogger):

@@ -2,7 +2,7 @@
 
 Labels are stored as ``[cx, cy, w, h]`` normalised by the image size (``xywhn``); the geometric augmentations
 work on ``[x1, y1, x2, y2]`` in pixels (``xyxy``). The torch conversions of model outputs live in
-``yolo5l_kernels.reference`` (re-exported by :mod:`yolo5l.boxes`).
+``yolo5l_kernels.reference`` (re-exported by :mod:`yolo5l.infer.boxes`).
 """
 
 from __future__ import annotations

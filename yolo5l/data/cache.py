@@ -38,7 +38,7 @@ import psutil
 from yolo5l.data.images import dct_scale, read_image, read_image_reduced
 from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
 from yolo5l.data.letterbox import resize_long_side, resized_shape
-from yolo5l.files import atomic_open
+from yolo5l.io.files import atomic_open
 
 log = logging.getLogger(__name__)
 

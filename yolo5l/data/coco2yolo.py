@@ -37,7 +37,7 @@ import yaml
 
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, LIST_SUFFIX, format_labels
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 
 __all__ = [
     "COCO80_TO_91",

@@ -29,6 +29,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
+from yolo5l.base.hardware import loader_workers
 from yolo5l.data.batch_transforms import TrainBatchTransform
 from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import ALL_SPLITS, DatasetSpec, load_dataset_file
@@ -36,7 +37,6 @@ from yolo5l.data.image_weights import ImageWeights
 from yolo5l.data.label_scan import scan_labels
 from yolo5l.data.samplers import ShardSampler, ValShardSampler, rect_shard
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.hardware import loader_workers
 
 __all__ = ["ShardSampler", "ValShardSampler", "YOLODataModule", "seed_worker"]
 
@@ -80,7 +80,7 @@ class YOLODataModule(LightningDataModule):
         imgsz: Training image size (and validation long side); a multiple of 32.
         batch_size: Training batch over all devices, as YOLOv5's ``--batch-size``: each of the Trainer's
             ``world_size`` ranks loads ``batch_size / world_size`` images a step.
-        num_workers: DataLoader worker processes per rank, or "auto" (``yolo5l.hardware.loader_workers``: on an
+        num_workers: DataLoader worker processes per rank, or "auto" (``yolo5l.base.hardware.loader_workers``: on an
             accelerator min(8, CPU cores per local device) as YOLOv5; on the CPU 0, since there the compute threads
             use every core and worker processes would preempt them mid-operation).
         cache: Image cache: "none", "ram" or "disk".

@@ -2,7 +2,7 @@
 
 A missing ``<folder>/data.yaml`` whose folder is named after a preset (``coco``, ``coco128``: what ``data=coco128``
 points at) is written from the preset, download locations included. When the train/val data is missing, the
-archives the yaml's ``download:`` lists are fetched and unpacked (:mod:`yolo5l.download`); a ``download:`` script,
+archives the yaml's ``download:`` lists are fetched and unpacked (:mod:`yolo5l.io.download`); a ``download:`` script,
 which ultralytics runs, is refused.
 
 Reference: ultralytics/yolov5 v7.0 ``utils/general.py::check_dataset`` (the keys, how paths resolve, where
@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
+from yolo5l.base.errors import UserError
 from yolo5l.data.coco2yolo import COCO_NAMES, PRESETS
 from yolo5l.data.layout import DATA_YAML, IMG_FORMATS, LIST_SUFFIX, DatasetError, is_image_file, label_cache_path
-from yolo5l.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, is_url
-from yolo5l.errors import UserError
-from yolo5l.files import atomic_write, file_lock
+from yolo5l.io.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, is_url
+from yolo5l.io.files import atomic_write, file_lock
 
 __all__ = [
     "ALL_SPLITS", "PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name",

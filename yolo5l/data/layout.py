@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = [
     "CACHE_DIR_ENV",

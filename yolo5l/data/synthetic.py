@@ -28,7 +28,7 @@ import numpy as np
 
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, format_labels
-from yolo5l.files import file_lock
+from yolo5l.io.files import file_lock
 
 __all__ = ["COLORS", "MARKER", "NAMES", "ensure_synthetic", "render_sample"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = ["calibration_files", "calibration_images"]
 

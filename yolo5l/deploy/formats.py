@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = ["FORMATS", "Format", "find_format", "output_path", "require_extra"]
 

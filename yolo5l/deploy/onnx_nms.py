@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from yolo5l.boxes import xywh_to_xyxy
+from yolo5l.infer.boxes import xywh_to_xyxy
 
 __all__ = ["OUTPUT_NAMES", "EndToEnd", "as_decoded"]
 
@@ -93,7 +93,7 @@ class EndToEnd(nn.Module):
 
 def as_decoded(boxes: Tensor, scores: Tensor, classes: Tensor, nc: int) -> Tensor:
     """End-to-end outputs as the (B, max_det, 5 + nc) decoded layout: cx, cy, w, h, objectness = score, a one-hot
-    class score. Run through `yolo5l.boxes.non_max_suppression` again it gives the same detections (kept boxes of
+    class score. Run through `yolo5l.infer.boxes.non_max_suppression` again it gives the same detections (kept boxes of
     a class overlap below the export's IoU threshold; the padding rows score 0), so val and predict take it as they
     take any exported model, with their thresholds applied on top of the file's."""
     xyxy = boxes.float()

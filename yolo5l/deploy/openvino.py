@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import atomic_folder, write_yaml
 from yolo5l.deploy.formats import require_extra
-from yolo5l.errors import UserError
 
 __all__ = ["export_openvino", "load_openvino"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from yolo5l.errors import UserError
+from yolo5l.base.errors import UserError
 
 __all__ = ["check_format_options"]
 

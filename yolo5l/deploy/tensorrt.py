@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import write_yaml
 from yolo5l.deploy.formats import require_extra
-from yolo5l.errors import UserError
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 
 __all__ = ["CalibrationBatches", "check_cuda", "export_engine", "load_engine"]
 

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import append_metadata, read_appended_metadata
 from yolo5l.deploy.formats import require_extra
 from yolo5l.deploy.graph import StaticDecoded
-from yolo5l.errors import UserError
-from yolo5l.files import atomic_write
+from yolo5l.io.files import atomic_write
 from yolo5l.models.yolo import YOLOv5
 
 __all__ = ["convert_tflite", "export_tflite", "load_tflite", "quantize_tflite"]

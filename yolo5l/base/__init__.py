@@ -1,0 +1,2 @@
+"""The floor everything stands on: UserError, what a command prints, what each `auto` means on this machine,
+the OmegaConf resolvers of conf/, glibc's allocator."""

@@ -1,0 +1,276 @@
+"""What a command prints, and the copy of it in the run folder's log.
+
+- `run_log()`: while a command runs, everything it prints to stdout and stderr (its own lines, Lightning's, the
+  tables, warnings, a traceback) also goes to `<run folder>/<command>.log` (`train.log`), as the console shows it
+  once the progress bars are gone: carriage-return redraws keep their last state, escape codes and bar lines are
+  left out. Hydra's job logging (`conf/hydra/job_logging/yolo5l.yaml`) prints log records as plain lines to stdout,
+  so they reach the log the same way.
+- `ConsoleFormatter`, `ConsoleHandler`: a log record as one line (`warning: ...` for warnings), written above any
+  progress bar on screen, never on the bar's line.
+- Python warnings print as one `warning: <message>` line (no file name, line number or source line).
+- `is_terminal()`: whether stdout is a terminal; when it is not (a file, a pipe, a batch system's log), the progress
+  bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
+- `info`, `warn`, `print_outputs`, `fail`: the command's own lines (`[yolo5l] ...` on rank 0, the outputs
+  block, the one-line `error: ...` with exit code 2); `is_rank_zero` decides which process prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from yolo5l.base.errors import EXIT_USAGE
+
+__all__ = [
+    "ConsoleFormatter",
+    "ConsoleHandler",
+    "clean_lines",
+    "fail",
+    "info",
+    "is_rank_zero",
+    "is_terminal",
+    "print_outputs",
+    "run_log",
+    "warn",
+]
+
+#: ANSI escape sequences: colours, cursor moves (tqdm's nested bars move the cursor up), OSC titles.
+_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+#: A tqdm bar's counter and clock: `| 12/40 [00:03<00:08, 3.2it/s` (also `0/?`, `1.2k/3.4k`).
+_BAR = re.compile(r"\|\s*[\d.]+[kMG]?/(?:\?|[\d.]+[kMG]?)\s*\[")
+
+
+def is_terminal(stream: TextIO | None = None) -> bool:
+    """Whether `stream` (default stdout) is an interactive terminal."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # closed or replaced by an object without isatty
+        return False
+
+
+class ConsoleFormatter(logging.Formatter):
+    """A log record as one console line: the message for INFO and below, `warning: <message>` above."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            level = "warning" if record.levelno < logging.ERROR else record.levelname.lower()
+            text = f"{level}: {text}"
+        return text
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """A console handler that writes each record above any progress bar on screen (tqdm's `write`), so that a line
+    logged during an epoch never lands on the bar's own line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _write_above_bars(self.format(record), self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def _write_above_bars(line: str, stream: TextIO) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=stream)
+    stream.flush()
+
+
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
+    line: str | None = None,
+) -> None:  # fmt: skip
+    """`warnings.showwarning` for a command: `warning: <message>` on stderr, one line."""
+    text = " ".join(str(message).split())
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    stream = file if file is not None else sys.stderr
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _write_above_bars(f"warning: {kind}{text}", stream)
+
+
+def clean_lines(text: str, partial: str = "") -> tuple[list[str], str]:
+    """Turn console output into log lines: `partial` (the unfinished line so far) + `text` split at newlines, each
+    line as a terminal would leave it after carriage returns, without escape codes, and without progress-bar lines.
+
+    Returns:
+        (finished lines to write, the unfinished rest).
+    """
+    lines: list[str] = []
+    buffer = partial + _ESCAPE.sub("", text)
+    *done, rest = buffer.split("\n")
+    for raw in done:
+        line = raw.rsplit("\r", 1)[-1] if "\r" in raw.rstrip("\r") else raw.rstrip("\r")
+        if _BAR.search(line):
+            continue
+        lines.append(line.rstrip())
+    if "\r" in rest:
+        rest = rest.rsplit("\r", 1)[-1]  # what the next write overwrites or finishes
+    return lines, rest
+
+
+class _LogFile:
+    """The run log: complete, cleaned lines from any number of streams, one pending line per stream."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed by close()
+        self._partial: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def feed(self, stream: str, text: str) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            lines, self._partial[stream] = clean_lines(text, self._partial.get(stream, ""))
+            if lines:
+                self._file.write("".join(f"{line}\n" for line in lines))
+                self._file.flush()
+
+    def write_raw(self, text: str) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(text)
+                self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file.closed:
+                return
+            for rest in self._partial.values():
+                if rest.strip() and not _BAR.search(rest):
+                    self._file.write(rest.rstrip() + "\n")
+            self._file.close()
+
+
+class _Tee:
+    """A text stream that writes to the console stream and feeds the run log; the rest is the console's."""
+
+    def __init__(self, console: TextIO, log: _LogFile, name: str) -> None:
+        self._console, self._log, self._name = console, log, name
+
+    def write(self, text: str) -> int:
+        n = self._console.write(text)
+        self._log.feed(self._name, text)
+        return n
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self._console.flush()
+
+    def isatty(self) -> bool:
+        return is_terminal(self._console)
+
+    def fileno(self) -> int:
+        return self._console.fileno()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, errors, buffer, ... as the console has them
+        return getattr(self._console, name)
+
+
+def _log_path() -> Path | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
+
+
+@contextlib.contextmanager
+def run_log(path: str | os.PathLike | None = None) -> Iterator[Path | None]:
+    """Copy the console into the run log (default `<Hydra run folder>/<job name>.log`) while the block runs, with
+    Python warnings as one line each. Yields the log's path (None outside a Hydra run: nothing is copied).
+
+    A traceback that leaves the block is written to the log too (Hydra prints it to the console afterwards).
+    """
+    path = Path(path) if path is not None else _log_path()
+    if path is None:
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = _LogFile(path)
+    streams = {"stdout": sys.stdout, "stderr": sys.stderr}
+    tees = {name: _Tee(stream, log, name) for name, stream in streams.items()}
+    handlers = [
+        (h, h.stream)
+        for logger in map(logging.getLogger, ("", "lightning", "lightning.pytorch", "lightning.fabric"))
+        for h in logger.handlers
+        if type(h) in (logging.StreamHandler, ConsoleHandler) and h.stream in streams.values()
+    ]
+    show_warning = warnings.showwarning
+    sys.stdout, sys.stderr = tees["stdout"], tees["stderr"]  # type: ignore[assignment]
+    for handler, stream in handlers:
+        handler.setStream(tees["stdout"] if stream is streams["stdout"] else tees["stderr"])  # type: ignore[arg-type]
+    warnings.showwarning = _show_warning
+    try:
+        yield path
+    except BaseException as e:
+        if not isinstance(e, (SystemExit, KeyboardInterrupt)):
+            log.write_raw("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+        raise
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        warnings.showwarning = show_warning
+        for handler, stream in handlers:
+            handler.setStream(stream)
+        sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
+        log.close()
+
+
+# ---- the command's own lines ---------------------------------------------------------------------------------------
+def is_rank_zero() -> bool:
+    """True in the launching process (before and after DDP starts) and on global rank 0.
+
+    The rank is Lightning's: the one its strategy set (`rank_zero_only.rank`), else the first of `RANK`,
+    `LOCAL_RANK`, `SLURM_PROCID` and `JSM_NAMESPACE_RANK` that is set (`srun` starts every task with its
+    `SLURM_PROCID`); `NODE_RANK` > 0 (a further node's `LOCAL_RANK=0`) is not rank 0 either.
+    """
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank = _get_rank() or 0
+    return rank == 0 and getattr(rank_zero_only, "rank", 0) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+
+
+def info(message: str, stream: TextIO | None = None) -> None:
+    """Print one `[yolo5l] ...` console line on rank 0 (to stdout, or `stream`)."""
+    if is_rank_zero():
+        print(f"[yolo5l] {message}", file=stream or sys.stdout, flush=True)
+
+
+def warn(message: str) -> None:
+    """Print one `[yolo5l] warning: ...` console line on rank 0: something went wrong that the run survives."""
+    info(f"warning: {message}")
+
+
+def fail(message: str) -> NoReturn:
+    """Print `error: <message>` to stderr and exit with code 2 (no traceback)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def print_outputs(title: str, items: Mapping[str, str | os.PathLike | None]) -> None:
+    """Print an aligned 'where things are' block (rank 0 only); entries that are None are skipped."""
+    if not is_rank_zero():
+        return
+    rows = [(k, str(v)) for k, v in items.items() if v is not None]
+    width = max((len(k) for k, _ in rows), default=0) + 1
+    print(f"\n{title}", flush=False)
+    for k, v in rows:
+        print(f"  {k + ':':<{width}} {v}")
+    sys.stdout.flush()

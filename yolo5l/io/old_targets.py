@@ -1,0 +1,83 @@
+"""The `_target_`s of a run config saved by yolo5l 0.1, named for today's modules.
+
+yolo5l 0.2 put the package's modules in rooms (`yolo5l.loss` is now `yolo5l.training.loss`, ...). A training
+checkpoint keeps its run's config, and `resume=` builds that config again, so a `last.ckpt` written before the move
+names modules that are no longer there. `current_targets` renames them when the checkpoint is read
+(`yolo5l.callbacks.checkpoint.read_resume_state`); a config of today passes unchanged.
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from typing import Any
+
+__all__ = ["MOVED", "current_target", "current_targets"]
+
+#: module of yolo5l 0.1 -> its module now
+MOVED = {
+    "yolo5l.errors": "yolo5l.base.errors",
+    "yolo5l.console": "yolo5l.base.console",
+    "yolo5l.hardware": "yolo5l.base.hardware",
+    "yolo5l.hostmem": "yolo5l.base.hostmem",
+    "yolo5l.resolvers": "yolo5l.base.resolvers",
+    "yolo5l.files": "yolo5l.io.files",
+    "yolo5l.weights": "yolo5l.io.weights",
+    "yolo5l.safe_pickle": "yolo5l.io.safe_pickle",
+    "yolo5l.ultralytics_pt": "yolo5l.io.ultralytics_pt",
+    "yolo5l.download": "yolo5l.io.download",
+    "yolo5l.archive": "yolo5l.io.archive",
+    "yolo5l.model_source": "yolo5l.io.model_source",
+    "yolo5l.hyp_file": "yolo5l.io.hyp_file",
+    "yolo5l.module": "yolo5l.training.module",
+    "yolo5l.loss": "yolo5l.training.loss",
+    "yolo5l.optim": "yolo5l.training.optim",
+    "yolo5l.divergence": "yolo5l.training.divergence",
+    "yolo5l.autoanchor": "yolo5l.training.autoanchor",
+    "yolo5l.amp_check": "yolo5l.training.amp_check",
+    "yolo5l.batch_search": "yolo5l.training.batch_search",
+    "yolo5l.best_fitness": "yolo5l.training.best_fitness",
+    "yolo5l.final_val": "yolo5l.training.final_val",
+    "yolo5l.boxes": "yolo5l.infer.boxes",
+    "yolo5l.tta": "yolo5l.infer.tta",
+    "yolo5l.annotate": "yolo5l.infer.annotate",
+    "yolo5l.feature_maps": "yolo5l.infer.feature_maps",
+    "yolo5l.predict_outputs": "yolo5l.infer.predict_outputs",
+    "yolo5l.sources": "yolo5l.infer.sources",
+    "yolo5l.metrics": "yolo5l.eval.metrics",
+    "yolo5l.coco_map": "yolo5l.eval.coco_map",
+    "yolo5l.per_class": "yolo5l.eval.per_class",
+    "yolo5l.plots": "yolo5l.eval.plots",
+    "yolo5l.label_plots": "yolo5l.eval.label_plots",
+    "yolo5l.save_preds": "yolo5l.eval.save_preds",
+    "yolo5l.exported": "yolo5l.deploy.exported",
+    "yolo5l.loggers": "yolo5l.tracking.loggers",
+    "yolo5l.tracking": "yolo5l.tracking.trackers",
+    "yolo5l.search": "yolo5l.tracking.search",
+}
+
+
+def current_target(target: str) -> str:
+    """`target` (a dotted `_target_`) with a 0.1 module's name replaced by today's; anything else unchanged.
+
+    `yolo5l.tracking` was a module and is a package now: a name inside it that is one of the package's modules
+    (`yolo5l.tracking.loggers.EpochCSVLogger`) is today's and stays.
+    """
+    for old, new in MOVED.items():
+        if target.startswith(old + "."):
+            first = target[len(old) + 1 :].split(".")[0]
+            if find_spec(old) is not None and find_spec(f"{old}.{first}") is not None:
+                return target  # a module of today's package of that name
+            return new + target[len(old) :]
+    return target
+
+
+def current_targets(config: Any) -> Any:
+    """A copy of a saved config (nested dicts and lists) with every `_target_` named by `current_target`."""
+    if isinstance(config, dict):
+        return {
+            k: current_target(v) if k == "_target_" and isinstance(v, str) else current_targets(v)
+            for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [current_targets(v) for v in config]
+    return config
