@@ -1,4 +1,5 @@
-"""The package's floors, as docs/design.md ("## Floors") declares them, against its imports as a reader sees them.
+"""The package's floors, as docs/design.md ("## Floors") declares them, against its imports as a reader sees them;
+and no file longer than a reader can hold (500 lines).
 
 Every `import` and `from ... import` of yolo5l and yolo5l_kernels counts, at module level and inside functions
 (`TYPE_CHECKING` blocks too: a reader follows them the same way). A module may import from its own floor and the
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"yolo5l": ROOT / "yolo5l", "yolo5l_kernels": ROOT / "kernels"}
 DESIGN = ROOT / "docs" / "design.md"
 ROOT_ONLY = frozenset({"yolo5l"})
+MAX_LINES = 500
 
 
 def read_floors(text: str, roots: tuple[str, ...] = tuple(PACKAGES)) -> list[tuple[str, list[str]]]:
@@ -173,6 +175,12 @@ def test_no_import_points_up(graph, floors):
 def test_no_import_circle(graph):
     found = circles(graph)
     assert not found, "modules that import each other round a circle:\n" + "\n".join(" <-> ".join(g) for g in found)
+
+
+def test_no_file_over_500_lines():
+    lines = {path: len(path.read_text().splitlines()) for path in find_modules(PACKAGES).values()}
+    long = sorted(f"{path.relative_to(ROOT)}: {n}" for path, n in lines.items() if n > MAX_LINES)
+    assert not long, f"files over {MAX_LINES} lines (split them along their seams):\n" + "\n".join(long)
 
 
 def test_the_walk_reads_imports_as_a_reader_does(tmp_path):

@@ -100,9 +100,8 @@ class YOLOv5Module(pl.LightningModule):
         quad: the training loss counts x4 (YOLOv5 train.py `--quad`: each image of a quad batch holds four).
         augment: validate and predict with test-time augmentation (`yolo5l.infer.tta.augmented_decode`: three scales,
             one flipped); the validation loss stays that of the plain pass.
-        hybrid: add each image's labels to the NMS candidates at score 1
-            (`yolo5l.eval.save_preds.with_label_candidates`, v7.0's `--save-hybrid` for autolabelling); the metrics then
-            count them too.
+        hybrid: add each image's labels to the NMS candidates at score 1 (v7.0's `--save-hybrid`, for autolabelling:
+            `yolo5l.eval.save_preds.with_label_candidates`); the metrics then count them too.
         max_loss_growth: stop the run when the epoch's running mean training loss exceeds this many times the lowest
             one so far (`yolo5l.training.divergence.LossGrowth`); None: off. Checked with `max_nonfinite_steps`.
 
