@@ -61,8 +61,8 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     console = r.stdout + r.stderr
     assert any(ln.startswith("epoch 0/1  box ") and "  P " in ln and "images/s" in ln for ln in r.stdout.splitlines())
     assert "best (epoch 0): P " in r.stdout
-    # nanobind (triton's bindings, which torch imports) lists "leaked" objects at shutdown when objects are still
-    # frozen then: the work block (yolo5l._cli.running) hands them back to the collector before the command ends.
+    # nanobind bindings list "leaked" objects at shutdown when objects are still frozen then: the work block
+    # (yolo5l._cli.running) hands them back to the collector before the command ends (the whole teardown: below).
     for noise in ("Tip: For seamless cloud logging", "LeafSpec", "not supported by the model summary", "nanobind"):
         assert noise not in console, noise
 
@@ -84,6 +84,57 @@ def test_the_command_line_ends_after_a_joblib_pool():
     assert done.returncode == 0
     assert done.stdout.strip() == "[0, 1, 2, 3]"
     assert "leaked" not in done.stderr
+
+
+def test_the_command_line_ends_after_threads_and_atexit_handlers_without_the_teardown():
+    """`yolo5l._cli.end_command_line`: the threads joined and the `atexit` handlers run, in the interpreter's order,
+    with the command's exit status; the module teardown after them is left out, unless `YOLO5L_FULL_SHUTDOWN=1`."""
+    code = (
+        "import atexit, threading, time\n"
+        "from yolo5l._cli import run_entry_point, running\n"
+        "from yolo5l.train import main  # as pip's console script: the command line\n"
+        "class Torn:\n"
+        "    def __del__(self):\n"
+        "        print('torn down', flush=True)\n"
+        "kept = Torn()  # a module global: freed when the interpreter tears the modules down\n"
+        "def work():\n"
+        "    with running():\n"
+        "        atexit.register(print, 'atexit handler', flush=True)\n"
+        "        threading.Thread(target=lambda: (time.sleep(0.3), print('thread finished', flush=True))).start()\n"
+        "        print('work done', flush=True)\n"
+        "    raise SystemExit(3)\n"
+        "run_entry_point(work, 'train')\n"
+    )
+    lines = ["work done", "thread finished", "atexit handler"]
+    for full, more in (("0", []), ("1", ["torn down"])):
+        env = {**ENV, "YOLO5L_FULL_SHUTDOWN": full}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 3, done.stderr[-2000:]
+        assert done.stdout.splitlines() == lines + more, full
+
+
+def test_a_command_ends_alike_through_the_interpreters_whole_teardown(tmp_path):
+    """The teardown the command line leaves out has nothing left to do or to report: with `YOLO5L_FULL_SHUTDOWN=1`
+    a command prints the same and ends the same, with no "leaked" lines (export imports onnx, whose nanobind bindings
+    count their objects at the end of a whole teardown: any still frozen would be listed) and, in Python's
+    development mode, no unclosed file and no exception ignored at shutdown."""
+    weights = Path(__file__).parent / "data" / "deploy_yolov5n.pt"
+    out = {}
+    for full in ("0", "1"):
+        cwd = tmp_path / full
+        cwd.mkdir()
+        done = subprocess.run(
+            [sys.executable, "-X", "dev", "-m", "yolo5l.export", f"weights={weights}", "imgsz=128", "output=w.onnx",
+             "hydra.run.dir=run"],
+            cwd=cwd, capture_output=True, text=True, timeout=300, env={**ENV, "YOLO5L_FULL_SHUTDOWN": full},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        for noise in ("leaked", "ResourceWarning", "Exception ignored", "Traceback"):
+            assert noise not in done.stderr, (full, done.stderr[-2000:])
+        assert (cwd / "w.onnx").stat().st_size > 1_000_000
+        out[full] = done.stdout
+    assert "max abs difference" in out["0"]
+    assert out["0"] == out["1"]
 
 
 def test_collector_is_paused_for_start_up_and_running_for_training(tmp_path, monkeypatch):
