@@ -273,3 +273,13 @@ def test_finetune_from_ultralytics_weights_with_frozen_backbone(tmp_path):
         torch.testing.assert_close(trained[k], src_state[k], rtol=0, atol=0, msg=k)
     assert not torch.equal(trained["model.17.cv1.conv.weight"], src_state["model.17.cv1.conv.weight"])  # trained
     torch.testing.assert_close(trained["model.24.anchors"], src_state["model.24.anchors"])
+
+
+@pytest.mark.parametrize("entry", ["val", "predict", "export", "convert", "benchmark"])
+def test_commands_other_than_train_import_lightning_only_for_their_work(entry):
+    """What `python -m yolo5l.<entry>` imports before its config is checked stays light: a mistake or `--help` is
+    answered without importing Lightning (and with it SciPy and torch._dynamo, 2-3 s on a small CPU)."""
+    code = f"import sys, yolo5l.{entry}; print(sorted({{'lightning', 'scipy'}} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -25,13 +25,13 @@ from omegaconf import DictConfig, open_dict
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
-from yolo5l.callbacks.save_predictions import SavedOutputs
 from yolo5l.config import check_val_config
 from yolo5l.io.files import atomic_write
 from yolo5l.run_info import data_from_weights
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
 if TYPE_CHECKING:
+    from yolo5l.callbacks.save_predictions import SavedOutputs
     from yolo5l.eval.per_class import PerClassResults
 
     #: The per-class results, the class names and the files written (name -> path).
@@ -97,6 +97,7 @@ def validate_weights(cfg: DictConfig) -> dict[str, float]:
 def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
     """What `save_txt`, `save_conf`, `save_hybrid` and `save_json` ask for (`save_json=null`: on for COCO's classes,
     as v7.0 turns it on for coco.yaml)."""
+    from yolo5l.callbacks.save_predictions import SavedOutputs  # imports Lightning: not before the command runs
     from yolo5l.data.coco2yolo import COCO_NAMES
 
     save_json = cfg.save_json if cfg.save_json is not None else tuple(datamodule.names) == COCO_NAMES
