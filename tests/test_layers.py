@@ -183,6 +183,23 @@ def test_no_file_over_500_lines():
     assert not long, f"files over {MAX_LINES} lines (split them along their seams):\n" + "\n".join(long)
 
 
+def test_the_readme_map_shows_the_tree():
+    """The README's map names every subpackage (`base/`, `io/`, ...), every module at the package's top level and
+    every module of a subpackage (but for deploy/'s one module per format)."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"^## Map\n+```\n(.*?)```", readme, re.S | re.M)
+    assert block, "README.md has no '## Map' code block"
+    folder = PACKAGES["yolo5l"]
+    rooms = [p.parent.name for p in sorted(folder.glob("*/__init__.py")) if p.parent.name != "conf"]
+    modules = [p.name for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"]
+    missing = [f"{r}/" for r in rooms if not re.search(rf"^  {r}/ ", block.group(1), re.M)]
+    missing += [m for m in modules if not re.search(rf"(?<![\w/]){re.escape(m)}\b", block.group(1))]
+    for room in set(rooms) - {"deploy"}:  # deploy/: "one writer per export format"
+        stems = [p.stem for p in sorted((folder / room).glob("*.py")) if p.stem != "__init__"]
+        missing += [f"{room}/{s}" for s in stems if not re.search(rf"\b{s}\b", block.group(1))]
+    assert not missing, f"README.md's map leaves out: {missing}"
+
+
 def test_the_walk_reads_imports_as_a_reader_does(tmp_path):
     """The checker on a package of its own: imports inside functions, `from pkg import module`, relative imports
     and TYPE_CHECKING blocks all count; a circle and an upward import are both found."""
