@@ -77,7 +77,8 @@ def _version(package: str, default: str) -> str:
 INSTALL_HINT = (
     f"cd {REPO} && python3.11 -m venv .refvenv && .refvenv/bin/pip install torch=={_version('torch', '2.14.1')} "
     f"torchvision=={_version('torchvision', '0.29.1')} && "
-    ".refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4'"
+    ".refvenv/bin/pip install yolov5==7.0.14 'setuptools<81' 'numpy<2.4' && "
+    ".refvenv/bin/pip install onnxruntime 'openvino<2026' ai-edge-litert"  # for tests/test_deploy_dropin.py
 )
 
 # Runs inside the reference's venv. Argument: a JSON file {"out", "start", "threads"} plus any of "argv" (train.py

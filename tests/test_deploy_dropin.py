@@ -112,7 +112,10 @@ def dropin(tmp_path_factory) -> dict:
     """yolo5l's exports of tests/data/deploy_yolov5n.pt, their outputs through yolo5l and v7.0's reading of them."""
     python = _reference_python()
     if python is None:
-        pytest.skip("no reference environment (.refvenv/ with yolov5==7.0.14, or YOLO5L_REFERENCE_PYTHON)")
+        pytest.skip(
+            "no reference environment (.refvenv/ with yolov5==7.0.14, or YOLO5L_REFERENCE_PYTHON): "
+            "python scripts/bench_reference.py prints how to make it"
+        )
     tmp = tmp_path_factory.mktemp("dropin")
     dataset = tmp / "synthetic"
     ensure_synthetic(dataset, **SYNTHETIC)
