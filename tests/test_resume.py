@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from yolo5l.io.old_targets import MOVED, current_target, current_targets
@@ -103,3 +104,15 @@ def test_old_targets_are_renamed_and_todays_kept():
         "a": [{"_target_": "yolo5l.training.optim.LinearLR", "lrf": 0.01}],
         "_target_": 3,
     }
+
+
+def test_an_import_of_a_0_1_module_names_its_place_now():
+    import importlib
+
+    with pytest.raises(
+        ModuleNotFoundError, match=r"^No module named 'yolo5l.loss': since yolo5l 0.2 it is 'yolo5l.training.loss'$"
+    ):
+        importlib.import_module("yolo5l.loss")
+    with pytest.raises(ModuleNotFoundError, match=r"^No module named 'yolo5l.no_such_module'$"):
+        importlib.import_module("yolo5l.no_such_module")  # anything else: Python's own message
+    assert importlib.import_module("yolo5l.tracking.loggers").EpochCSVLogger  # a 0.1 name that is a package now

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
@@ -18,6 +19,11 @@ __version__ = "0.2.0"
 OFFLINE_ENV = {"NO_ALBUMENTATIONS_UPDATE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
 for _key, _value in OFFLINE_ENV.items():
     os.environ.setdefault(_key, _value)
+
+if not any(type(f).__name__ == "MovedModuleFinder" for f in sys.meta_path):  # once, however often this runs
+    from yolo5l.io.old_targets import MovedModuleFinder
+
+    sys.meta_path.append(MovedModuleFinder())  # `import yolo5l.loss`: one line naming `yolo5l.training.loss`
 
 _EXPORTS = {
     "YOLOv5": "yolo5l.models.yolo",

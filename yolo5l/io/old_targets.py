@@ -1,17 +1,22 @@
-"""The `_target_`s of a run config saved by yolo5l 0.1, named for today's modules.
+"""The modules of yolo5l 0.1 under today's names.
 
-yolo5l 0.2 put the package's modules in rooms (`yolo5l.loss` is now `yolo5l.training.loss`, ...). A training
-checkpoint keeps its run's config, and `resume=` builds that config again, so a `last.ckpt` written before the move
-names modules that are no longer there. `current_targets` renames them when the checkpoint is read
-(`yolo5l.callbacks.checkpoint.read_resume_state`); a config of today passes unchanged.
+yolo5l 0.2 put the package's modules in rooms (`yolo5l.loss` is now `yolo5l.training.loss`, ...).
+- A training checkpoint keeps its run's config, and `resume=` builds that config again, so a `last.ckpt` written
+  before the move names modules that are no longer there. `current_targets` renames them when the checkpoint is read
+  (`yolo5l.callbacks.checkpoint.read_resume_state`); a config of today passes unchanged.
+- Code written against 0.1 (`from yolo5l.loss import YOLOv5Loss`) gets a `ModuleNotFoundError` that names the module's
+  place now (`MovedModuleFinder`, installed by `import yolo5l`). The public names (`from yolo5l import YOLOv5Loss`)
+  did not move.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from importlib.abc import MetaPathFinder
 from importlib.util import find_spec
 from typing import Any
 
-__all__ = ["MOVED", "current_target", "current_targets"]
+__all__ = ["MOVED", "MovedModuleFinder", "current_target", "current_targets"]
 
 #: module of yolo5l 0.1 -> its module now
 MOVED = {
@@ -65,7 +70,7 @@ def current_target(target: str) -> str:
     for old, new in MOVED.items():
         if target.startswith(old + "."):
             first = target[len(old) + 1 :].split(".")[0]
-            if find_spec(old) is not None and find_spec(f"{old}.{first}") is not None:
+            if _exists(old) and _exists(f"{old}.{first}"):
                 return target  # a module of today's package of that name
             return new + target[len(old) :]
     return target
@@ -81,3 +86,21 @@ def current_targets(config: Any) -> Any:
     if isinstance(config, list):
         return [current_targets(v) for v in config]
     return config
+
+
+def _exists(module: str) -> bool:
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:  # a 0.1 name (`MovedModuleFinder`), or a parent that is not there
+        return False
+
+
+class MovedModuleFinder(MetaPathFinder):
+    """The last finder on `sys.meta_path`: asked only for a module no other finder has, it answers a 0.1 module's
+    name with a `ModuleNotFoundError` naming where the module is now."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: Any = None) -> None:
+        new = MOVED.get(fullname)
+        if new is not None:
+            raise ModuleNotFoundError(f"No module named {fullname!r}: since yolo5l 0.2 it is {new!r}", name=fullname)
+        return None
