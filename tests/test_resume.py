@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from yolo5l.io.old_targets import MOVED, current_target, current_targets
+from yolo5l.resume import resume_in_place
 from yolo5l.tracking.loggers import read_metrics_csv
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
@@ -28,7 +29,7 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     data = f"data.synthetic.root={tmp_path / 'synthetic'}"
     r = _train(
         tmp_path, "experiment=smoke", data, "trainer.limit_train_batches=2", "trainer.max_epochs=2",
-        "hydra.run.dir=runs/train/a",
+        "hydra.run.dir=runs/train/a", "+callbacks.extra._target_=lightning.pytorch.callbacks.Callback",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp_path / "runs" / "train" / "a"
@@ -42,8 +43,9 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     assert "resume: model=yolov5s changes what the run" in r.stderr.strip().splitlines()[-1]
 
     # The finished 2-epoch run, extended to 3 epochs, without repeating experiment=smoke or the data root: the
-    # checkpoint's config (yolov5n at 128 px, 2 batches an epoch) is used, in the same folder.
-    r = _train(tmp_path, "resume=true", "trainer.max_epochs=3")
+    # checkpoint's config (yolov5n at 128 px, 2 batches an epoch) is used, in the same folder. `~callbacks.extra`
+    # turns off a callback the run added (this command line's own config does not have it: Hydra alone refuses).
+    r = _train(tmp_path, "resume=true", "trainer.max_epochs=3", "~callbacks.extra")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "extending the run to 3 epochs" in r.stdout + r.stderr
     # The schedule had ended at lr0 x lrf: the extension stays there (no "from lr0 x 0.01 to lr0 x 0.01").
@@ -57,6 +59,7 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     for row in rows:  # every row carries the epoch's mean losses
         assert all(row[k] for k in ("train/loss_box", "train/loss_obj", "train/loss_cls")), row
     ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    assert ckpt["yolo5l_config"]["callbacks"]["extra"] is None  # off, and off in a later resume
     assert ckpt["epoch"] == 2
     assert ckpt["global_step"] == 6
     assert len(list(run.glob("events.out.tfevents.*"))) == 2  # TensorBoard reads both files of the folder
@@ -116,3 +119,13 @@ def test_an_import_of_a_0_1_module_names_its_place_now():
     with pytest.raises(ModuleNotFoundError, match=r"^No module named 'yolo5l.no_such_module'$"):
         importlib.import_module("yolo5l.no_such_module")  # anything else: Python's own message
     assert importlib.import_module("yolo5l.tracking.loggers").EpochCSVLogger  # a 0.1 name that is a package now
+
+
+def test_a_resume_turns_entries_off_as_nulls():
+    argv = ["resume=last.ckpt", "~callbacks.crash", "~logger.tensorboard", "~callbacks.crash.epoch", "~hyp.lr0",
+            "hydra.run.dir=r"]  # fmt: skip
+    assert resume_in_place(argv) == [
+        "resume=last.ckpt", "++callbacks.crash=null", "++logger.tensorboard=null", "~callbacks.crash.epoch",
+        "~hyp.lr0", "hydra.run.dir=r",
+    ]  # fmt: skip
+    assert resume_in_place(["~callbacks.crash"]) == ["~callbacks.crash"]  # not a resume: Hydra's own meaning

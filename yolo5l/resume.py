@@ -6,6 +6,7 @@ merging the command line into the run's config is `yolo5l.config.merge_resume_co
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -37,13 +38,25 @@ def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output
     return cfg
 
 
+#: `~callbacks.<name>` or `~logger.<name>` on its own: an entry the command line turns off.
+_ENTRY_DELETION = re.compile(r"~((?:callbacks|logger)\.[A-Za-z_]\w*)")
+
+
 def resume_in_place(argv: list[str]) -> list[str]:
     """`resume=<last.ckpt>` (or `true`) continues in the interrupted run's own folder: the command line gets that
     folder as `hydra.run.dir` before Hydra makes a new one, so metrics.csv, TensorBoard events and checkpoints stay
     in one place. Nothing changes when `hydra.run.dir` is given, in a multirun, or for a file outside a run folder.
+
+    `~callbacks.<name>` (or `~logger.<name>`) turns that entry of the run off: it becomes `++callbacks.<name>=null`,
+    which Hydra takes whether or not this command line's own config has the entry (one the run added with
+    `+callbacks.<name>` is only in the checkpoint's config, and Hydra cannot delete what it does not have); the run's
+    config then holds the entry as null, and a null entry is not built.
     """
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
-    if resume is None or any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
+    if resume is None or resume.lower() in ("false", "null", "none", ""):
+        return argv
+    argv = [f"++{m.group(1)}=null" if (m := _ENTRY_DELETION.fullmatch(a)) else a for a in argv]
+    if any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
         return argv
     runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
     path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
