@@ -121,11 +121,19 @@ def test_an_import_of_a_0_1_module_names_its_place_now():
     assert importlib.import_module("yolo5l.tracking.loggers").EpochCSVLogger  # a 0.1 name that is a package now
 
 
-def test_a_resume_turns_entries_off_as_nulls():
-    argv = ["resume=last.ckpt", "~callbacks.crash", "~logger.tensorboard", "~callbacks.crash.epoch", "~hyp.lr0",
-            "hydra.run.dir=r"]  # fmt: skip
+def test_a_resume_turns_the_runs_entries_off_as_nulls(tmp_path):
+    last = tmp_path / "last.ckpt"
+    config = {"callbacks": {"crash": {"epoch": 1}}, "logger": {"tensorboard": {}}}
+    torch.save({"epoch": 1, "state_dict": {}, "yolo5l_config": config}, last)
+    argv = [f"resume={last}", "~callbacks.crash", "~logger.tensorboard", "~callbacks.nosuch", "~callbacks.crash.epoch",
+            "~hyp.lr0", "hydra.run.dir=r"]  # fmt: skip
     assert resume_in_place(argv) == [
-        "resume=last.ckpt", "++callbacks.crash=null", "++logger.tensorboard=null", "~callbacks.crash.epoch",
-        "~hyp.lr0", "hydra.run.dir=r",
-    ]  # fmt: skip
+        f"resume={last}",
+        "++callbacks.crash=null",
+        "++logger.tensorboard=null",
+        "~callbacks.nosuch",
+        "~callbacks.crash.epoch",
+        "~hyp.lr0",
+        "hydra.run.dir=r",
+    ]  # fmt: skip  (an entry the run does not have stays as typed, for the checks to name)
     assert resume_in_place(["~callbacks.crash"]) == ["~callbacks.crash"]  # not a resume: Hydra's own meaning

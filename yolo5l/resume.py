@@ -47,20 +47,34 @@ def resume_in_place(argv: list[str]) -> list[str]:
     folder as `hydra.run.dir` before Hydra makes a new one, so metrics.csv, TensorBoard events and checkpoints stay
     in one place. Nothing changes when `hydra.run.dir` is given, in a multirun, or for a file outside a run folder.
 
-    `~callbacks.<name>` (or `~logger.<name>`) turns that entry of the run off: it becomes `++callbacks.<name>=null`,
-    which Hydra takes whether or not this command line's own config has the entry (one the run added with
-    `+callbacks.<name>` is only in the checkpoint's config, and Hydra cannot delete what it does not have); the run's
-    config then holds the entry as null, and a null entry is not built.
+    `~callbacks.<name>` (or `~logger.<name>`) of an entry the run's config has turns it off: it becomes
+    `++callbacks.<name>=null`, which Hydra takes whether or not this command line's own config has the entry (one the
+    run added with `+callbacks.<name>` is only in the checkpoint's config, and Hydra cannot delete what it does not
+    have); the run's config then holds the entry as null, and a null entry is not built. Any other deletion stays as
+    typed, for the checks to report.
     """
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
     if resume is None or resume.lower() in ("false", "null", "none", ""):
         return argv
-    argv = [f"++{m.group(1)}=null" if (m := _ENTRY_DELETION.fullmatch(a)) else a for a in argv]
+    runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
+    if any(_ENTRY_DELETION.fullmatch(a) for a in argv):
+        argv = _entries_off(argv, find_resume_checkpoint(resume, Path(runs_dir) / "train"))
     if any(a.startswith("hydra.run.dir=") for a in argv) or {"-m", "--multirun"} & set(argv):
         return argv
-    runs_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("paths.runs_dir=")), "runs")
     path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
     if path is None or path.parent.name != "checkpoints":
         return argv
     path = path.absolute()
     return [*(a for a in argv if not a.startswith("resume=")), f"resume={path}", f"hydra.run.dir={path.parent.parent}"]
+
+
+def _entries_off(argv: list[str], path: Path | None) -> list[str]:
+    """`argv` with each `~callbacks.<name>` / `~logger.<name>` of an entry in the checkpoint's config as a null."""
+    saved = read_resume_state(path).config if path is not None else None
+
+    def in_run(key: str) -> bool:
+        group, _, name = key.partition(".")
+        entries = saved.get(group) if isinstance(saved, dict) else None
+        return isinstance(entries, dict) and name in entries
+
+    return [f"++{m.group(1)}=null" if (m := _ENTRY_DELETION.fullmatch(a)) and in_run(m.group(1)) else a for a in argv]
