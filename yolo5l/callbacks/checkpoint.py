@@ -30,7 +30,7 @@ from yolo5l.base.errors import UserError, shown_path
 from yolo5l.io.archive import archive_damage
 from yolo5l.io.old_targets import current_targets
 from yolo5l.io.weights import atomic_save, save_weights
-from yolo5l.training.best_fitness import BestFitness, best_of
+from yolo5l.training.best_fitness import ReadsBestFitness
 from yolo5l.training.divergence import first_non_finite
 
 __all__ = [
@@ -105,7 +105,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return super().load_checkpoint(path, map_location=map_location or "cpu", weights_only=True)
 
 
-class LastCheckpoint(ModelCheckpoint):
+class LastCheckpoint(ReadsBestFitness, ModelCheckpoint):
     """`last.ckpt` every `every_n_epochs` epochs (and at the end), `best.pt` (the stripped weights of the best
     validation by `val/fitness`, as YOLOv5 keeps best.pt: the module's record `YOLOv5Module.best` says which one;
     a module without one gets no best.pt), `best.ckpt` too if asked, and the stripped `weights.pt` at
@@ -142,7 +142,6 @@ class LastCheckpoint(ModelCheckpoint):
             save_on_train_epoch_end=True,  # after validation (it runs inside the epoch), also on epochs without it
         )
         self.save_best = save_best
-        self._record: BestFitness | None = None
         self.weights_name = weights_name
         self.save_period = int(save_period)
 
@@ -150,16 +149,6 @@ class LastCheckpoint(ModelCheckpoint):
     def best_fitness(self) -> float | None:
         """The fitness of best.pt (the module's record, `YOLOv5Module.best`)."""
         return self._record.fitness if self._record is not None else None
-
-    @property
-    def best_epoch(self) -> int | None:
-        """The epoch of best.pt."""
-        return self._record.epoch if self._record is not None else None
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -9,12 +9,12 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from yolo5l.training.best_fitness import BestFitness, best_of
+from yolo5l.training.best_fitness import ReadsBestFitness
 
 __all__ = ["FitnessEarlyStopping"]
 
 
-class FitnessEarlyStopping(EarlyStopping):
+class FitnessEarlyStopping(ReadsBestFitness, EarlyStopping):
     """Stop when `val/fitness` has not improved for `patience` validations, and say which epoch was best.
 
     Lightning's `EarlyStopping` underneath: it checks after each validation and its state (the count, the best score)
@@ -35,17 +35,6 @@ class FitnessEarlyStopping(EarlyStopping):
             monitor="val/fitness", mode="max", patience=patience, min_delta=min_delta, strict=False,
             check_on_train_epoch_end=False,
         )  # fmt: skip
-        self._record: BestFitness | None = None
-
-    @property
-    def best_epoch(self) -> int | None:
-        """The epoch of the best validation (best.pt's)."""
-        return self._record.epoch if self._record is not None else None
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from yolo5l.training.best_fitness import BestFitness, best_of
+from yolo5l.training.best_fitness import ReadsBestFitness
 
 __all__ = ["ValidationSummary", "format_row"]
 
@@ -24,7 +24,7 @@ def format_row(row: dict[str, float]) -> str:
     return "  ".join(f"{title} {row[key]:.3f}" for title, key in COLUMNS if key in row)
 
 
-class ValidationSummary(Callback):
+class ValidationSummary(ReadsBestFitness, Callback):
     """After each validation in training, print the epoch's precision, recall and mAPs on rank 0, and remember the
     last row for the closing summary; the best row is the module's record (`YOLOv5Module.best`, by YOLOv5's fitness
     0.1 mAP@0.5 + 0.9 mAP@0.5:0.95).
@@ -39,7 +39,6 @@ class ValidationSummary(Callback):
     def __init__(self, verbose: bool = True) -> None:
         self.verbose = verbose
         self.last: dict[str, Any] | None = None
-        self._record: BestFitness | None = None
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -48,10 +47,6 @@ class ValidationSummary(Callback):
         if record is None or record.row is None:
             return None
         return {**record.row, "epoch": record.epoch}
-
-    @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._record = best_of(pl_module)
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

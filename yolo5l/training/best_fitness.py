@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BestFitness", "best_of", "run_fitness"]
+__all__ = ["BestFitness", "ReadsBestFitness", "best_of", "run_fitness"]
 
 
 class BestFitness:
@@ -46,6 +46,23 @@ def best_of(pl_module: Any) -> BestFitness | None:
     """The record of a LightningModule that keeps one (`YOLOv5Module.best`), else None."""
     best = getattr(pl_module, "best", None)
     return best if isinstance(best, BestFitness) else None
+
+
+class ReadsBestFitness:
+    """For a Lightning callback that reads the run's record (put it before the callback's Lightning base class):
+    `setup` finds the record on the module (`best_of`), `best_epoch` is its epoch (None before the first validation,
+    or when the module keeps no record)."""
+
+    _record: BestFitness | None = None
+
+    @property
+    def best_epoch(self) -> int | None:
+        """The epoch of the best validation (best.pt's)."""
+        return self._record.epoch if self._record is not None else None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)  # type: ignore[misc]
+        self._record = best_of(pl_module)
 
 
 def run_fitness(trainer: Any) -> float | None:
