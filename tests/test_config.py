@@ -276,7 +276,15 @@ def test_trainer_defaults_say_what_auto_means(tmp_path, monkeypatch):
 def test_loader_workers_rule():
     assert hardware.loader_workers(3, on_accelerator=False) == 3
     assert hardware.loader_workers("auto", on_accelerator=False) == 0
-    assert 1 <= hardware.loader_workers("auto", on_accelerator=True, local_devices=64) <= 8
+    assert hardware.loader_workers("auto", on_accelerator=True, local_devices=64) == 1  # at least one
+
+
+def test_loader_workers_auto_uses_the_cores_a_device_has(monkeypatch):
+    """A 16-core host: one GPU gets 15 workers (its process keeps a core), two get 7 each; no cap at v7.0's 8."""
+    monkeypatch.setattr(hardware, "owned_cores", lambda: 16)
+    assert hardware.loader_workers("auto", on_accelerator=True, local_devices=1) == 15
+    assert hardware.loader_workers("auto", on_accelerator=True, local_devices=2) == 7
+    assert hardware.loader_workers("auto", on_accelerator=False, local_devices=1) == 0
 
 
 def test_num_devices_uses_lightnings_parser():

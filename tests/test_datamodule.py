@@ -296,11 +296,11 @@ def test_auto_workers_zero_on_cpu_and_per_device_share_on_an_accelerator(synthet
     assert dm.train_workers() == 0  # CPU: the main thread loads
     assert dm.train_dataloader().num_workers == 0
     dm._uses_accelerator = lambda: True
-    monkeypatch.setattr(os, "cpu_count", lambda: 12)
-    assert dm.train_workers() == 8  # YOLOv5's cap
+    monkeypatch.setattr("yolo5l.base.hardware.owned_cores", lambda: 12)
+    assert dm.train_workers() == 11  # every core but the training process's (no cap at YOLOv5's 8)
     dm.trainer = SimpleNamespace(num_devices=4)  # 12 cores shared by 4 local devices
-    assert dm.train_workers() == 3
-    assert dm._val_workers() == 3
+    assert dm.train_workers() == 2
+    assert dm._val_workers() == 2
     with pytest.raises(ValueError, match="num_workers"):
         make_dm(synthetic, num_workers="many")
     with pytest.raises(ValueError, match="num_workers"):

@@ -41,7 +41,6 @@ __all__ = [
 
 CONFIG_MODULE = "yolo5l.conf"
 STRIDE = 32  # the largest stride of YOLOv5's heads: image sizes are multiples of it
-CACHE_MODES = ("none", "ram", "disk")
 TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  # v7.0 train.py's data switches
 
 
@@ -237,9 +236,12 @@ def _check_data(data: DictConfig) -> None:
     _int(data, "data.num_workers", minimum=0, allow=("auto",))
     if data.get("val_batch_size") is not None:
         _int(data, "data.val_batch_size", minimum=1)
-    cache = str(data.get("cache"))
-    if cache not in CACHE_MODES:
-        raise UserError(f"data.cache={cache!r} is not one of: {', '.join(CACHE_MODES)}")
+    from yolo5l.data.cache import CACHE_MODES
+    from yolo5l.data.plan import PIPELINES
+
+    for key, allowed in (("cache", CACHE_MODES), ("pipeline", PIPELINES)):
+        if key in data and str(data.get(key)) not in allowed:
+            raise UserError(f"data.{key}={data.get(key)!r} is not one of: {', '.join(allowed)}")
     for key in ("reduced_decode", "persistent_workers", "pin_memory", *TRAIN_OPTIONS):
         if key in data and not isinstance(data.get(key), bool):
             raise UserError(f"data.{key}={data.get(key)!r} must be true or false")
@@ -343,7 +345,8 @@ RESUME_MAY_CHANGE = (
     "hyp.lr0", "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
     "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
     "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
-    "data.cache_dir", "data.val_batch_size", "callbacks", "logger", "paths", "resume", "tune_malloc", "hydra", "plots",
+    "data.cache_dir", "data.val_batch_size", "data.pipeline", "data.device_cache_reserve_gb", "callbacks", "logger",
+    "paths", "resume", "tune_malloc", "hydra", "plots",
 )  # fmt: skip
 
 

@@ -157,7 +157,11 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     devices = int(trainer.num_devices) * int(trainer.num_nodes)
     batch = int(cfg.data.batch_size)
     workers = loader_workers(datamodule.num_workers, not on_cpu, int(trainer.num_devices))
-    auto_workers = "auto: the CPU's cores go to compute" if on_cpu else "auto: min(8, cores per device)"
+    auto_workers = "auto: the CPU's cores go to compute" if on_cpu else "auto: its CPU cores less one"
+    pipeline, cache, pipeline_why = datamodule.resolve_input(trainer.strategy.root_device)
+    cache_why = "data.cache=device needs data.pipeline=device" if cache != str(cfg.data.cache) else None
+    where = trainer.strategy.root_device if pipeline == "device" else f"{workers} worker{'s' * (workers != 1)}"
+    pipeline_text = f"{pipeline}: images decoded and augmented on {where}"
     spec = datamodule.spec
     data = shown_path(spec.file) if spec.file is not None else "(a mapping)"
     precision = str(trainer.precision)
@@ -170,7 +174,8 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
         "data": row(f"{data}, {len(spec.names)} classes", "data.file", "data.synthetic", "data"),
         "image size": row(str(imgsz), "data.imgsz", "data"),
         "batch": row(per_device, "data.batch_size", "data"),
-        "cache": row(str(cfg.data.cache), "data.cache", "data"),
+        "cache": row(cache, "data.cache", "data", why=cache_why),
+        "pipeline": row(pipeline_text, "data.pipeline", why=pipeline_why or None),
         "workers": row(
             f"{workers} per device", "data.num_workers", why=auto_workers if auto(datamodule.num_workers) else None
         ),

@@ -5,8 +5,8 @@ One module answers these for train, val, predict and export, so an `auto` in `co
 - `trainer.precision`: `16-mixed` on CUDA; `bf16-mixed` on CPUs with AMX or AVX512-BF16; else `32-true`
   (`resolve_precision`; conf/trainer/default.yaml resolves it through `yolo5l.base.resolvers`, as `benchmark` and
   `deterministic`).
-- `data.num_workers: auto`: min(8, CPU cores per local device) on an accelerator; 0 on the CPU, where the compute
-  threads own every core.
+- `data.num_workers: auto`: the CPU cores this process owns per local device, less one for the device's own process
+  (at least 1), on an accelerator; 0 on the CPU, where the compute threads own every core.
 - `data.val_num_workers: null`: `num_workers` on an accelerator, 0 on the CPU.
 """
 
@@ -31,8 +31,6 @@ __all__ = [
     "resolve_precision",
     "uses_cuda",
 ]
-
-_MAX_WORKERS = 8  # YOLOv5's dataloader cap: min(cores per device, batch size, 8)
 
 
 @cache
@@ -132,11 +130,13 @@ def owned_cores() -> int:
 def loader_workers(num_workers: int | str, on_accelerator: bool, local_devices: int = 1) -> int:
     """Worker processes per rank for `data.num_workers` (`auto` or a count).
 
-    `auto` is min(8, CPU cores per local device) on an accelerator, as YOLOv5, and 0 on the CPU: there the two
-    compute threads own the cores, and worker processes would preempt them mid-operation.
+    `auto` on an accelerator is the cores this process owns (:func:`owned_cores`) per local device, less the one the
+    device's training process needs, at least 1. YOLOv5 caps it at 8, which left half of a 16-core GPU host idle
+    while the GPU waited for data. On the CPU it is 0: there the compute threads own the cores, and worker processes
+    would preempt them mid-operation.
     """
     if num_workers != "auto":
         return int(num_workers)
     if not on_accelerator:
         return 0
-    return min(_MAX_WORKERS, max(1, (os.cpu_count() or 1) // max(1, local_devices)))
+    return max(1, owned_cores() // max(1, local_devices) - 1)

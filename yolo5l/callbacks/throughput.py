@@ -29,10 +29,11 @@ class ThroughputMonitor(Callback):
     """Log `train/images_per_sec` and `train/data_wait` each epoch; warn when the input pipeline is the bottleneck.
 
     data_wait = time between the end of one training batch and the start of the next (fetch, collate, host-to-device
-    copy) / the epoch's training time. Both figures count the training batches only: the clock stops at the end of
-    the epoch's last training batch, since Lightning runs validation before `on_train_epoch_end`. Without per-step
-    syncs the host runs ahead of the GPU and blocks on kernel launches when the GPU is the bottleneck, so the waiting
-    it does for data is what this measures.
+    copy), plus, with the device input pipeline, the time the device's training stream waited for the side stream
+    that makes the images (read from CUDA events at the epoch's end) / the epoch's training time. Both figures count
+    the training batches only: the clock stops at the end of the epoch's last training batch, since Lightning runs
+    validation before `on_train_epoch_end`. Without per-step syncs the host runs ahead of the GPU and blocks on kernel
+    launches when the GPU is the bottleneck, so the waiting it does for data is what this measures.
 
     The hint is printed once, and again only when the share has doubled since; it suggests only the settings the
     datamodule does not already use.
@@ -86,6 +87,9 @@ class ThroughputMonitor(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = max(self._t_end - self._t0, 1e-9)  # up to the last training batch: validation is not counted
+        device_wait = getattr(getattr(trainer, "datamodule", None), "device_wait_seconds", None)
+        if callable(device_wait):  # after the sync of the epoch's last batch: the events are complete
+            self._wait += device_wait()
         ips, share = self._images / total, self._wait / total
         self.last = {"images_per_sec": ips, "data_wait": share, "epoch": trainer.current_epoch}
         pl_module.log("train/images_per_sec", ips, rank_zero_only=True)
@@ -115,10 +119,16 @@ class ThroughputMonitor(Callback):
 def _advice(datamodule: Any) -> str:
     """What to try, leaving out what the datamodule already does (unknown settings are suggested)."""
     workers = getattr(datamodule, "train_workers", None)
+    device = datamodule.train_device() if hasattr(datamodule, "train_device") else None
     tips = []
-    if not callable(workers) or workers() < (os.cpu_count() or 1):
+    if device is not None and device.type == "cuda" and getattr(datamodule, "input_pipeline", "host") == "host":
+        tips.append("decode and augment on the GPU with data.pipeline=device")
+    on_cpu = device is not None and device.type == "cpu"
+    if on_cpu and str(getattr(datamodule, "num_workers", "")) == "auto":
+        pass  # workers would take the cores the CPU's compute threads use (the start-up block says so)
+    elif not callable(workers) or workers() < (os.cpu_count() or 1):
         tips.append("raise data.num_workers (one per free CPU core)")
-    if getattr(datamodule, "cache", "none") == "none":
+    if getattr(datamodule, "cache_used", getattr(datamodule, "cache", "none")) == "none":
         tips.append("cache decoded images with data.cache=ram (data.cache=disk when RAM is short)")
     if not getattr(datamodule, "persistent_workers", False):
         tips.append("set data.persistent_workers=true")

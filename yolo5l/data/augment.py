@@ -224,6 +224,22 @@ def random_perspective(
 
 
 # --------------------------------------------------------------------------------------------- photometric
+def hsv_gains(hgain: float, sgain: float, vgain: float, rng: Rng | None = None) -> np.ndarray | None:
+    """The HSV jitter's draw: gains r = U(-1, 1) * gain + 1 for H, S and V, or None (and no draw) when all three
+    gains are 0, as v7.0's ``augment_hsv``."""
+    if not (hgain or sgain or vgain):
+        return None
+    return pick_rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+
+
+def hsv_tables(r: np.ndarray) -> np.ndarray:
+    """v7.0's three lookup tables of the HSV jitter for gains ``r``: (3, 256) uint8, ``floor(x * r)`` with the hue
+    modulo 180 and S and V clipped to 255 (``utils/augmentations.py::augment_hsv``)."""
+    x = np.arange(_U8_LEVELS, dtype=r.dtype)
+    luts = ((x * r[0]) % (_HUE_MAX + 1), np.clip(x * r[1], 0, 255), np.clip(x * r[2], 0, 255))
+    return np.stack(luts).astype(np.uint8)
+
+
 def augment_hsv(
     img: np.ndarray, hgain: float = 0.5, sgain: float = 0.5, vgain: float = 0.5, rng: Rng | None = None
 ) -> None:
@@ -243,17 +259,15 @@ def augment_hsv(
 
     Reference: ultralytics/yolov5 v7.0 ``utils/augmentations.py::augment_hsv`` (behaviour).
     """
-    if not (hgain or sgain or vgain):
+    r = hsv_gains(hgain, sgain, vgain, rng)
+    if r is None:
         return
-    r = pick_rng(rng).uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
     hsv = cv2.cvtColor(img, cv2.COLOR_RGB2HSV)
     if 0 <= _HUE_MAX * r[0] < _U8_LEVELS:  # the scaled hue fits in 8 bits
         m = np.array([[r[0], 0, 0, -0.5], [0, r[1], 0, -0.5], [0, 0, r[2], -0.5]])
         cv2.transform(hsv, m, dst=hsv)
     else:
-        x = np.arange(_U8_LEVELS, dtype=r.dtype)
-        luts = ((x * r[0]) % (_HUE_MAX + 1), np.clip(x * r[1], 0, 255), np.clip(x * r[2], 0, 255))
-        cv2.LUT(hsv, np.stack(luts, 1).astype(np.uint8).reshape(_U8_LEVELS, 1, 3), dst=hsv)
+        cv2.LUT(hsv, np.ascontiguousarray(hsv_tables(r).T).reshape(_U8_LEVELS, 1, 3), dst=hsv)
     cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=img)
 
 
@@ -288,16 +302,20 @@ class Albumentations:
         """Reseed the transforms' generators (deterministic per worker)."""
         self.transform.set_random_seed(seed)
 
+    def draw(self, rng: Rng) -> np.ndarray:
+        """Which transforms fire in this call: one draw from ``rng`` per transform (the first draws of a call)."""
+        transforms = self.transform.transforms
+        return rng.random(len(transforms)) < [t.p for t in transforms]
+
     def __call__(self, img: np.ndarray, rng: Rng | None = None) -> np.ndarray:
         """Apply the transforms to ``img``; with ``rng`` every draw of this call comes from it."""
         if rng is None:
             return self.transform(image=img)["image"]
-        transforms = self.transform.transforms
-        fire = rng.random(len(transforms)) < [t.p for t in transforms]
+        fire = self.draw(rng)
         if not fire.any():
             return img
         self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
-        for t, on in zip(transforms, fire, strict=True):
+        for t, on in zip(self.transform.transforms, fire, strict=True):
             if on:
                 img = t(image=img, force_apply=True)["image"]
         return img

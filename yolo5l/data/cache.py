@@ -42,7 +42,8 @@ from yolo5l.io.files import atomic_open
 
 log = logging.getLogger(__name__)
 
-CACHE_MODES = ("none", "ram", "disk")
+CACHE_MODES = ("none", "ram", "disk", "device")  # data.cache; "device" is yolo5l.data.device_input.DeviceCache
+HOST_CACHE_MODES = CACHE_MODES[:3]  # what ImageCache holds
 HEADROOM = 1.1  # YOLOv5's safety factor on the memory or disk space estimate
 MAX_FILL_THREADS = 8  # default fill threads: min(MAX_FILL_THREADS, CPU cores)
 _NPY_HEADER_BYTES = 128  # upper bound of one .npy file's header
@@ -103,8 +104,8 @@ class ImageCache:
         prefix: str = "",
         reduced_decode: bool = True,
     ) -> None:
-        if mode not in CACHE_MODES:
-            raise ValueError(f"data.cache must be one of {CACHE_MODES}, got {mode!r}")
+        if mode not in HOST_CACHE_MODES:
+            raise ValueError(f"data.cache of a host image cache must be one of {HOST_CACHE_MODES}, got {mode!r}")
         self.im_files = list(im_files)
         self.shapes = np.asarray(shapes)
         self.imgsz = int(imgsz)

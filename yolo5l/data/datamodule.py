@@ -9,6 +9,8 @@
   function of (seed, epoch, rank, index): the same for any ``num_workers`` and after a resume in a new process.
 - Images travel as uint8 and become float in [0, 1] on the device (``on_after_batch_transfer``), where training
   batches are also grouped by four (``quad``) and resized (``multi_scale``): :mod:`yolo5l.data.batch_transforms`.
+- ``pipeline``: where training pixels are made: by the workers (``host``), or on the device from the bytes and
+  draws the workers send (``device``, :mod:`yolo5l.data.plan`, :mod:`yolo5l.data.device_input`).
 - v7.0 ``train.py``'s data options: ``single_cls``, ``rect``, ``image_weights`` (:mod:`yolo5l.data.image_weights`),
   ``multi_scale``, ``quad``.
 """
@@ -31,10 +33,13 @@ from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo5l.base.hardware import loader_workers
 from yolo5l.data.batch_transforms import TrainBatchTransform
+from yolo5l.data.cache import CACHE_MODES
 from yolo5l.data.dataset import YOLODataset, collate_fn
 from yolo5l.data.dataset_yaml import ALL_SPLITS, DatasetSpec, load_dataset_file
+from yolo5l.data.device_input import DeviceCache, DeviceInput, DeviceInputLoader, plan_on_device
 from yolo5l.data.image_weights import ImageWeights
 from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.plan import PIPELINES, collate_plans
 from yolo5l.data.samplers import ShardSampler, ValShardSampler, rect_shard
 from yolo5l.data.synthetic import ensure_synthetic
 
@@ -81,9 +86,10 @@ class YOLODataModule(LightningDataModule):
         batch_size: Training batch over all devices, as YOLOv5's ``--batch-size``: each of the Trainer's
             ``world_size`` ranks loads ``batch_size / world_size`` images a step.
         num_workers: DataLoader worker processes per rank, or "auto" (``yolo5l.base.hardware.loader_workers``: on an
-            accelerator min(8, CPU cores per local device) as YOLOv5; on the CPU 0, since there the compute threads
-            use every core and worker processes would preempt them mid-operation).
-        cache: Image cache: "none", "ram" or "disk".
+            accelerator the CPU cores per local device less one; on the CPU 0, since there the compute threads use
+            every core and worker processes would preempt them mid-operation).
+        cache: Image cache: "none", "ram", "disk", or "device" (:class:`~yolo5l.data.device_input.DeviceCache`:
+            "none" when it does not fit, "ram" with the host pipeline; validation caches in RAM then).
         cache_dir: Disk cache folder (default beside the images, or a user cache dir if that is read-only).
         reduced_decode: Decode JPEGs at least twice ``imgsz`` at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling)
             before resizing them: ~2x faster on camera-sized photos; False decodes in full, as YOLOv5.
@@ -109,6 +115,9 @@ class YOLODataModule(LightningDataModule):
         multi_scale: Resize each training batch to a size drawn in [0.5, 1.5] x ``imgsz`` (v7.0 ``--multi-scale``).
         quad: Group each training batch's images by four into images of twice the size (v7.0 ``--quad``).
         val_split: The split validation reads: "val", or "test" / "train" (`python -m yolo5l.val task=test`).
+        pipeline: "auto", "host" or "device": where training samples' pixels are made (see the module docstring);
+            "auto" is "device" on CUDA (and "host" with ``rect``, whose samples the host makes).
+        device_cache_reserve_gb: With ``cache="device"``, GPU memory (GB) left free for training beside the cache.
     """
 
     def __init__(
@@ -136,13 +145,17 @@ class YOLODataModule(LightningDataModule):
         multi_scale: bool = False,
         quad: bool = False,
         val_split: str = "val",
+        pipeline: str = "auto",
+        device_cache_reserve_gb: float = 16.0,
     ) -> None:
         super().__init__()
         if val_split not in ALL_SPLITS:
             raise ValueError(f"val_split must be one of {ALL_SPLITS}, got {val_split!r}")
         self.val_split = val_split
-        if cache not in ("none", "ram", "disk"):
-            raise ValueError(f"data.cache must be none, ram or disk, got {cache!r}")
+        if cache not in CACHE_MODES:
+            raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
+        if pipeline not in PIPELINES:
+            raise ValueError(f"data.pipeline must be one of {', '.join(PIPELINES)}, got {pipeline!r}")
         if imgsz % 32:
             raise ValueError(f"data.imgsz={imgsz} must be a multiple of 32 (the model's largest stride)")
         if rect and image_weights:
@@ -156,6 +169,10 @@ class YOLODataModule(LightningDataModule):
             raise ValueError(f"data.num_workers must be a count >= 0 or 'auto', got {num_workers!r}")
         self.num_workers: int | str = num_workers
         self.cache = cache
+        self.pipeline = pipeline
+        self.device_cache_reserve = int(float(device_cache_reserve_gb) * 2**30)
+        self.device_cache: DeviceCache | None = None
+        self.input_pipeline, self.cache_used, self.input_reason = "host", cache, ""  # resolved in setup
         self.cache_dir = cache_dir
         self.reduced_decode = bool(reduced_decode)
         self.persistent_workers = persistent_workers
@@ -233,9 +250,11 @@ class YOLODataModule(LightningDataModule):
         rank, world = self._dist()
         if stage in (None, "fit") and self.train_dataset is None:
             index = self._scan("train")
+            self._resolve_input()
+            host_cache = "none" if self.cache_used == "device" else self.cache_used  # workers send device indices
             ds = YOLODataset(
                 index, self.imgsz, augment=True, hyp=self.hyp, rect=self.rect, batch_size=self.rank_batch_size,
-                cache=self.cache, cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, pad=0.0,
+                cache=host_cache, cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, pad=0.0,
                 prefix="train: ", single_cls=self.single_cls, stride=self.stride,
             )  # fmt: skip
             # rect: whole batches of the aspect-sorted images, in order (v7.0 turns the shuffle off for --rect)
@@ -247,7 +266,7 @@ class YOLODataModule(LightningDataModule):
                 self._image_weights = ImageWeights(ds.labels, self.num_classes)
                 self.train_sampler.set_image_weights(self._epoch_image_weights)
             ds.set_indices(self.train_sampler.indices)
-            cache_line = ds.fill_cache()
+            cache_line = self._fill_train_cache(ds)
             self.train_dataset = ds
             shard = f", rank shard {len(self.train_sampler)}/{len(ds)}" if world > 1 else ""
             self._print("train", f"{index.report.summary('train')}{shard}; {cache_line.removeprefix(ds.prefix)}")
@@ -255,7 +274,8 @@ class YOLODataModule(LightningDataModule):
             index = self._scan(self.val_split)
             val_batch = self.rank_val_batch_size(len(index.im_files))
             ds = YOLODataset(
-                index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch, cache=self.cache,
+                index, self.imgsz, augment=False, hyp=self.hyp, batch_size=val_batch,
+                cache="ram" if self.cache == "device" else self.cache,
                 cache_dir=self.cache_dir, reduced_decode=self.reduced_decode, prefix=f"{self.val_split}: ",
                 single_cls=self.single_cls, stride=self.stride,
             )  # fmt: skip
@@ -265,6 +285,46 @@ class YOLODataModule(LightningDataModule):
             self.val_dataset = ds
             shard = f", rank shard {len(self.val_sampler)}/{len(ds)}" if world > 1 else ""
             self._print("val", f"{index.report.summary(self.val_split)}{shard}; {cache_line.removeprefix(ds.prefix)}")
+
+    # ----------------------------------------------------------------------------------------- input pipeline
+    def train_device(self) -> torch.device:
+        """The device training runs on (its rank's), as far as it is known yet."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.strategy.root_device
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def resolve_input(self, device: torch.device) -> tuple[str, str, str]:
+        """``(pipeline, cache, why)``: the training pipeline and cache a run on ``device`` uses, and why the pipeline
+        is what it is ("" when set as typed). The device cache may still fall back when it does not fit."""
+        if self.rect and self.pipeline != "host":
+            pipeline, why = "host", "rect: the host makes rectangular batches"
+        elif self.pipeline == "auto":
+            pipeline, why = ("device", "auto: CUDA") if device.type == "cuda" else ("host", "auto: not CUDA")
+        else:
+            pipeline, why = self.pipeline, ""
+        cache = "ram" if self.cache == "device" and pipeline == "host" else self.cache
+        return pipeline, cache, why
+
+    def _resolve_input(self) -> None:
+        self.input_pipeline, self.cache_used, self.input_reason = self.resolve_input(self.train_device())
+        if self.cache == "device" and self.cache_used != "device":
+            self._print("cache", "train: data.cache=device needs data.pipeline=device; caching in RAM instead")
+
+    def _fill_train_cache(self, ds: YOLODataset) -> str:
+        """Fill the training images' cache and, for the device pipeline, set what the workers send; the summary."""
+        if self.input_pipeline == "host":
+            return ds.fill_cache()
+        line, self.device_cache, self.cache_used = plan_on_device(
+            ds, self.cache_used, self.train_device(), self.device_cache_reserve
+        )
+        return line
+
+    def device_wait_seconds(self) -> float:
+        """Seconds the training step waited on the device for the device pipeline's images since the last call."""
+        loader = getattr(getattr(self, "trainer", None), "train_dataloader", None)
+        wait = getattr(loader, "device_wait_seconds", None)
+        return wait() if callable(wait) else 0.0
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -337,7 +397,9 @@ class YOLODataModule(LightningDataModule):
             return self.val_num_workers
         return self.train_workers() if self._uses_accelerator() else 0
 
-    def _loader(self, dataset: YOLODataset, sampler: Sampler, batch_size: int, rank: int, workers: int) -> DataLoader:
+    def _loader(
+        self, dataset: YOLODataset, sampler: Sampler, batch_size: int, rank: int, workers: int, device: bool = False
+    ) -> DataLoader:
         extra: dict[str, Any] = {}
         if workers > 0:
             extra = {
@@ -345,12 +407,14 @@ class YOLODataModule(LightningDataModule):
                 "prefetch_factor": self.prefetch_factor,
                 "worker_init_fn": seed_worker,
             }
-        return DataLoader(
+        if device:
+            extra["device_input"] = DeviceInput(self.train_device(), self.device_cache)
+        return (DeviceInputLoader if device else DataLoader)(
             dataset,
             batch_size=batch_size,
             sampler=sampler,
             num_workers=workers,
-            collate_fn=collate_fn,
+            collate_fn=collate_plans if device else collate_fn,
             pin_memory=bool(self.pin_memory and self._uses_accelerator()),
             generator=torch.Generator().manual_seed(self.seed + rank),
             drop_last=False,
@@ -386,7 +450,10 @@ class YOLODataModule(LightningDataModule):
             self._train_resume = None
             self.train_sampler.resume_at(epoch, batches * self.rank_batch_size)
         rank = self._dist()[0]
-        return self._loader(self.train_dataset, self.train_sampler, self.rank_batch_size, rank, self.train_workers())
+        device = self.train_dataset.tile_reader is not None
+        return self._loader(
+            self.train_dataset, self.train_sampler, self.rank_batch_size, rank, self.train_workers(), device
+        )
 
     def val_dataloader(self) -> DataLoader:
         """Validation loader: rectangular batches, this rank's contiguous run of them."""

@@ -36,6 +36,7 @@ from yolo5l.data import mosaic as mos
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.cache import ImageCache
 from yolo5l.data.label_scan import LabelIndex
+from yolo5l.data.plan import SamplePlan, TileReader, plan_item
 
 Shapes = tuple[tuple[int, int], tuple[tuple[float, float], tuple[float, float]]]
 Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]] | tuple[int, bool, Sequence[int], Sequence[int]]
@@ -44,9 +45,13 @@ Item = int | tuple[int, bool] | tuple[int, bool, Sequence[int]] | tuple[int, boo
 def sample_rng(index: int, key: Sequence[int] | None = None) -> np.random.Generator:
     """The generator of one sample: a pure function of ``(*key, index)``, or, without a key, seeded by one draw from
     the global ``np.random`` state."""
+    return np.random.default_rng(_sample_seed(index, key))
+
+
+def _sample_seed(index: int, key: Sequence[int] | None) -> int | list[int]:
     if key is None:
-        return np.random.default_rng(np.random.randint(0, 2**31 - 1))
-    return np.random.default_rng([*(int(k) for k in key), int(index)])
+        return np.random.randint(0, 2**31 - 1)
+    return [*(int(k) for k in key), int(index)]
 
 
 class YOLODataset(Dataset):
@@ -115,6 +120,14 @@ class YOLODataset(Dataset):
         )
         self.albumentations = aug.Albumentations() if augment else None
         self.mosaic_border = (-self.imgsz // 2, -self.imgsz // 2)
+        self.tile_reader: TileReader | None = None  # set by plan_on_device: training items become SamplePlans
+
+    def plan_on_device(self, tiles: str) -> None:
+        """Make training items :class:`~yolo5l.data.plan.SamplePlan` s for the device input path, their images
+        travelling as ``tiles`` ("bytes", "pixels" or "cache"; see :mod:`yolo5l.data.plan`)."""
+        if not self.augment:
+            raise ValueError("only training datasets (augment=True) plan their samples for the device")
+        self.tile_reader = TileReader(self, tiles)
 
     def __len__(self) -> int:
         return len(self.im_files)
@@ -213,9 +226,10 @@ class YOLODataset(Dataset):
         return out, labels, shapes
 
     # ----------------------------------------------------------------------------------------- item
-    def __getitem__(self, item: Item) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None]:
+    def __getitem__(self, item: Item) -> tuple[torch.Tensor, torch.Tensor, str, Shapes | None] | SamplePlan:
         """Sample ``item`` (an index, ``(index, mosaic_allowed)``, ``(index, mosaic_allowed, rng key)`` or
-        ``(index, mosaic_allowed, rng key, 6 mosaic partners)``)."""
+        ``(index, mosaic_allowed, rng key, 6 mosaic partners)``); its plan for the device after
+        :meth:`plan_on_device`."""
         partners = None
         if isinstance(item, (int, np.integer)):
             index, mosaic_allowed, key = int(item), True, None
@@ -224,7 +238,15 @@ class YOLODataset(Dataset):
             partners = tuple(item[3]) if len(item) > 3 else None
         if not self.augment:
             return self._item(index, mosaic_allowed, None)
-        return self._item(index, mosaic_allowed, sample_rng(index, key), partners)
+        seed = _sample_seed(index, key)
+        if self.tile_reader is None:
+            return self._item(index, mosaic_allowed, np.random.default_rng(seed), partners)
+        planned = plan_item(self, index, mosaic_allowed, np.random.default_rng(seed), partners, self.tile_reader)
+        if planned is None:  # made on the host: the same draws again, from the start
+            img, labels, path, shapes = self._item(index, mosaic_allowed, np.random.default_rng(seed), partners)
+            hwc = img.permute(1, 2, 0).numpy()
+            planned = SamplePlan(labels, path, shapes, hwc.shape[:2], host=hwc)
+        return planned
 
     def _item(
         self,

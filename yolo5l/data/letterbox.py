@@ -12,7 +12,16 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-__all__ = ["FILL", "MAX_STRIDE", "RECT_PAD", "letterbox", "rect_batch_shapes", "resize_long_side", "resized_shape"]
+__all__ = [
+    "FILL",
+    "MAX_STRIDE",
+    "RECT_PAD",
+    "letterbox",
+    "letterbox_layout",
+    "rect_batch_shapes",
+    "resize_long_side",
+    "resized_shape",
+]
 
 FILL = 114  # grey used for every border, as in YOLOv5
 MAX_STRIDE = 32  # the model's largest stride: letterboxed and rectangular batch shapes are multiples of it
@@ -57,25 +66,36 @@ def letterbox(
         ``(image, (ratio_h, ratio_w), (pad_w, pad_h))`` where pad is the left/top padding (half of the total).
     """
     shape = img.shape[:2]
-    if isinstance(new_shape, int):
-        new_shape = (new_shape, new_shape)
-    r = min(new_shape[0] / shape[0], new_shape[1] / shape[1])
-    if not scaleup:
-        r = min(r, 1.0)
-    new_unpad = (round(shape[1] * r), round(shape[0] * r))  # (w, h)
-    dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
-    if auto:
-        dw, dh = dw % stride, dh % stride
-    dw, dh = dw / 2, dh / 2
+    new_unpad, (top, bottom, left, right) = letterbox_layout(shape, new_shape, auto, scaleup, stride)
     if shape[::-1] != new_unpad:
-        interp = cv2.INTER_LINEAR if r > 1 else cv2.INTER_AREA
+        interp = cv2.INTER_LINEAR if new_unpad[0] > shape[1] or new_unpad[1] > shape[0] else cv2.INTER_AREA
         img = cv2.resize(img, new_unpad, interpolation=interp)
-    top, bottom = round(dh - 0.1), round(dh + 0.1)
-    left, right = round(dw - 0.1), round(dw + 0.1)
     if top or bottom or left or right:
         img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(color, color, color))
     ratio = (new_unpad[1] / shape[0], new_unpad[0] / shape[1])
     return img, ratio, (float(left), float(top))
+
+
+def letterbox_layout(
+    shape_hw: Sequence[int],
+    new_shape: int | Sequence[int] = 640,
+    auto: bool = False,
+    scaleup: bool = True,
+    stride: int = MAX_STRIDE,
+) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
+    """Where :func:`letterbox` puts an image of ``shape_hw``: its resized ``(w, h)`` and the borders
+    ``(top, bottom, left, right)`` (the arguments as :func:`letterbox`'s)."""
+    if isinstance(new_shape, int):
+        new_shape = (new_shape, new_shape)
+    r = min(new_shape[0] / shape_hw[0], new_shape[1] / shape_hw[1])
+    if not scaleup:
+        r = min(r, 1.0)
+    new_unpad = (round(shape_hw[1] * r), round(shape_hw[0] * r))  # (w, h)
+    dw, dh = new_shape[1] - new_unpad[0], new_shape[0] - new_unpad[1]
+    if auto:
+        dw, dh = dw % stride, dh % stride
+    dw, dh = dw / 2, dh / 2
+    return new_unpad, (round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1))
 
 
 def rect_batch_shapes(

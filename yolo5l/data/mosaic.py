@@ -34,7 +34,7 @@ __all__ = [
     "warp_mosaic4",
 ]
 
-_MIXUP_BETA = 32.0  # mixup ratio r ~ Beta(_MIXUP_BETA, _MIXUP_BETA), as YOLOv5
+MIXUP_BETA = 32.0  # mixup ratio r ~ Beta(MIXUP_BETA, MIXUP_BETA), as YOLOv5
 _PASTE_MAX_IOA = 0.30  # copy-paste skips a box whose mirror covers this much of an existing box
 # Where a mosaic image lands: (canvas rectangle x1a, y1a, x2a, y2a), (image rectangle x1b, y1b, x2b, y2b)
 Placement = tuple[tuple[int, int, int, int], tuple[int, int, int, int]]
@@ -217,11 +217,11 @@ def mosaic4_perspective(
 def mixup(
     im: np.ndarray, labels: np.ndarray, im2: np.ndarray, labels2: np.ndarray, rng: Rng | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Blend two images with r ~ Beta(``_MIXUP_BETA``, ``_MIXUP_BETA``) and keep both label sets (Zhang et al., 2017).
+    """Blend two images with r ~ Beta(``MIXUP_BETA``, ``MIXUP_BETA``) and keep both label sets (Zhang et al., 2017).
 
     ``rng``: source of the draw (None: the global ``np.random``).
     """
-    r = pick_rng(rng).beta(_MIXUP_BETA, _MIXUP_BETA)
+    r = pick_rng(rng).beta(MIXUP_BETA, MIXUP_BETA)
     out = (im.astype(np.float32) * r + im2.astype(np.float32) * (1 - r)).astype(np.uint8)
     return out, np.concatenate((labels, labels2), 0)
 

@@ -1,0 +1,302 @@
+"""The device half of the device input path: batched tensor ops that make a training batch's pixels from what the
+workers planned (:mod:`yolo5l.data.plan`), on the device the tensors live on (CUDA in training; the CPU in tests).
+
+Each op reproduces the OpenCV call that ultralytics/yolov5 v7.0 makes for the same step, so that a sample's pixels
+are those of the host path (`yolo5l.data.dataset`) within a grey level of rounding:
+
+- :func:`decode_jpegs`: the JPEG decode, one batched call (nvjpeg on CUDA), as stored (the orientation follows).
+- :func:`resize_tiles`: ``cv2.resize(..., INTER_LINEAR)`` of many images of different sizes at once, EXIF orientation
+  folded into the reads; OpenCV's 8-bit arithmetic (11-bit fixed-point weights, its vector path's rounding).
+- :func:`warp_layers`: the mosaic's (or the letterboxed image's) ``cv2.warpAffine`` / ``warpPerspective`` of the
+  canvas into the output, bilinear, 114 outside, without building the canvas: each bilinear tap reads the tile that
+  covers its canvas pixel, or 114 (OpenCV 4.11+'s float coordinates and weights). Flips reverse the output's rows
+  or columns, as ``cv2.flip`` after the warp does.
+- :func:`blend_mixup`: v7.0's ``mixup``, ``(im * r + im2 * (1 - r)).astype(uint8)`` in float32.
+- :func:`hsv_lut`: v7.0's ``augment_hsv``: OpenCV's 8-bit RGB -> HSV (its integer tables), the three lookup tables
+  the worker computed from the sample's gains, and OpenCV's 8-bit HSV -> RGB (its vector path: float32, a fused
+  multiply-add, truncation), equal to ``cv2.cvtColor`` on every 8-bit colour.
+
+Memory: the ops work on chunks of at most ``max_pixels`` output pixels (and decode at most ``decode_bytes`` of
+JPEG pixels at once), so the peak stays ~``40 * max_pixels`` bytes above the batch whatever its size.
+
+Reference: OpenCV ``imgproc`` resize.cpp (``HResizeLinear``, ``VResizeLinearVec_32s8u``), warp_kernels.simd.hpp,
+color_hsv.simd.hpp (``RGB2HSV_b``, ``HSV2RGB_b``) (behaviour).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "FILL",
+    "blend_mixup",
+    "decode_jpegs",
+    "hsv_lut",
+    "orient_hw",
+    "resize_tiles",
+    "warp_layers",
+]
+
+FILL = 114
+DEFAULT_MAX_PIXELS = 1 << 23  # output pixels a chunk of a warp, resize or HSV pass works on (~8.4 M: 20 at 640 px)
+_COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS: 8-bit bilinear resize weights are multiples of 1/2048
+_COEF_ONE = 1 << _COEF_BITS
+_HSV_SHIFT = 12  # OpenCV's hsv_shift: the fixed point of its 8-bit RGB -> HSV tables
+_HUE_RANGE = 180
+_ROTATED = (5, 6, 7, 8)  # EXIF orientations that swap height and width
+
+
+def decode_jpegs(data: Sequence[Tensor], device: torch.device | str) -> list[Tensor]:
+    """Decode JPEGs to (3, H, W) uint8 RGB on ``device``, as stored (no EXIF orientation): one batched nvjpeg call on
+    CUDA, libjpeg-turbo on the CPU.
+
+    Args:
+        data: 1-D uint8 CPU tensors of the files' bytes (baseline or extended JPEGs with 3 components, see
+            :attr:`~yolo5l.data.jpeg_header.JpegHeader.gpu_decodable`).
+
+    This is the one place yolo5l decodes on a device: torchvision's decoders are moving to TorchCodec, and a
+    replacement goes here.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if not data:
+        return []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torchvision 0.2x: "use TorchCodec"; this is the seam
+        return decode_jpeg(list(data), mode=ImageReadMode.RGB, device=device)
+
+
+def orient_hw(h: int, w: int, orientation: int) -> tuple[int, int]:
+    """The (h, w) an image stored as (h, w) shows with EXIF ``orientation``."""
+    return (w, h) if orientation in _ROTATED else (h, w)
+
+
+def _stored_yx(yd: Tensor, xd: Tensor, hs: Tensor, ws: Tensor, orientation: Tensor) -> tuple[Tensor, Tensor]:
+    """Stored (row, column) of the displayed pixel (``yd``, ``xd``) of an image stored as (hs, ws) with EXIF
+    ``orientation`` (1-8, elementwise), as ``PIL.ImageOps.exif_transpose`` and OpenCV's ``imread`` display it."""
+    o = orientation
+    swap = (o >= 5) & (o <= 8)
+    ys = torch.where(swap, xd, yd)  # 5 (transpose) reads stored[xd, yd]
+    xs = torch.where(swap, yd, xd)
+    flip_y = (o == 3) | (o == 4) | (o == 6) | (o == 7)  # rows read from the bottom
+    flip_x = (o == 2) | (o == 3) | (o == 7) | (o == 8)  # columns read from the right
+    ys = torch.where(flip_y, hs - 1 - ys, ys)
+    xs = torch.where(flip_x, ws - 1 - xs, xs)
+    return ys, xs
+
+
+def _axis_coefs(dst: Tensor, n_src: Tensor, n_dst: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """OpenCV's INTER_LINEAR source indices and 11-bit weights along one axis, elementwise: ``(i0, i1, a0, a1)`` for
+    destination coordinates ``dst`` of an axis resized from ``n_src`` to ``n_dst``."""
+    scale = 1.0 / (n_dst.double() / n_src.double())  # OpenCV: 1 / inv_scale, inv_scale = dsize / ssize (doubles)
+    f = ((dst.double() + 0.5) * scale - 0.5).float()
+    i0 = torch.floor(f)
+    f = f - i0
+    i0 = i0.long()
+    low = i0 < 0
+    high = i0 >= n_src - 1
+    f = torch.where(low | high, torch.zeros_like(f), f)
+    i0 = torch.where(low, torch.zeros_like(i0), torch.where(high, n_src - 1, i0))
+    a0 = torch.round((1.0 - f) * _COEF_ONE).long()
+    a1 = torch.round(f * _COEF_ONE).long()
+    return i0, torch.minimum(i0 + 1, n_src - 1), a0, a1
+
+
+def resize_tiles(
+    src: Tensor, src_info: Tensor, out: Tensor, out_info: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> None:
+    """Resize many images of different sizes, bilinear as OpenCV's 8-bit ``INTER_LINEAR``, into ``out``.
+
+    Args:
+        src: flat uint8 buffer of the source images, each planar (3, hs, ws) as stored.
+        src_info: (T, 4) int64 per image: offset in ``src``, hs, ws, EXIF orientation (applied while reading).
+        out: flat uint8 buffer the results are written to, each (h, w, 3) interleaved.
+        out_info: (T, 3) int64 per image: offset in ``out``, h, w (the displayed image's resized size).
+        max_pixels: output pixels per chunk.
+    """
+    counts = (out_info[:, 1] * out_info[:, 2]).tolist()  # host copy of a small table (sizes drive the chunking)
+    start = 0
+    while start < len(counts):
+        stop, total = start, 0
+        while stop < len(counts) and (stop == start or total + counts[stop] <= max_pixels):
+            total += counts[stop]
+            stop += 1
+        _resize_chunk(src, src_info[start:stop], out, out_info[start:stop], total)
+        start = stop
+
+
+def _resize_chunk(src: Tensor, src_info: Tensor, out: Tensor, out_info: Tensor, total: int) -> None:
+    device = src.device
+    h, w = out_info[:, 1], out_info[:, 2]
+    tile = torch.repeat_interleave(torch.arange(len(out_info), device=device), h * w, output_size=total)
+    first = torch.cumsum(h * w, 0) - h * w
+    j = torch.arange(total, device=device) - first[tile]
+    wt, ht = w[tile], h[tile]
+    y, x = j // wt, j % wt
+    off, hs, ws, orient = (src_info[:, k][tile] for k in range(4))
+    swap = (orient >= 5) & (orient <= 8)
+    hd, wd = torch.where(swap, ws, hs), torch.where(swap, hs, ws)  # displayed size
+    x0, x1, a0, a1 = _axis_coefs(x, wd, wt)
+    y0, y1, b0, b1 = _axis_coefs(y, hd, ht)
+    plane = hs * ws
+
+    def row(yd: Tensor) -> Tensor:  # (N, 3) horizontal pass of the displayed row yd: int32 sums of weight x pixel
+        acc = None
+        for xd, a in ((x0, a0), (x1, a1)):
+            ys, xs = _stored_yx(yd, xd, hs, ws, orient)
+            base = off + ys * ws + xs
+            px = src[base[:, None] + plane[:, None] * torch.arange(3, device=device)].long()
+            acc = px * a[:, None] if acc is None else acc + px * a[:, None]
+        return acc
+
+    # OpenCV's vector path: (h >> 4) as int16, times the row weight, high 16 bits; the two rows summed, then
+    # rounded by >> 2: ((h0 >> 4) * b0 >> 16) + ((h1 >> 4) * b1 >> 16), (v + 2) >> 2.
+    v = (((row(y0) >> 4) * b0[:, None]) >> 16) + (((row(y1) >> 4) * b1[:, None]) >> 16)
+    pix = ((v + 2) >> 2).clamp_(0, 255).to(torch.uint8)
+    dst = out_info[:, 0][tile] + j * 3
+    out[dst[:, None] + torch.arange(3, device=device)] = pix
+
+
+def warp_layers(
+    flat: Tensor,
+    slots: Tensor,
+    inv: Tensor,
+    split: Tensor,
+    flip: Tensor,
+    size: tuple[int, int],
+    perspective: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> Tensor:
+    """The warped canvases of L layers (a mosaic of 4 tiles, or one letterboxed image), (L, H, W, 3) uint8.
+
+    Args:
+        flat: flat uint8 buffer of the tiles' pixels, (h, w, 3) interleaved each.
+        slots: (L, 4, 7) int64 per layer and canvas quadrant: [base, row stride, x1, y1, x2, y2, -]: a canvas pixel
+            (X, Y) of the quadrant inside [x1, x2) x [y1, y2) is at ``flat[base + (Y * stride + X) * 3]``; outside
+            it (or an empty quadrant, x1 = x2) it is 114.
+        inv: (L, 3, 3) output -> canvas matrices (OpenCV's inverse of the warp; last row 0, 0, 1 when affine).
+        split: (L, 2) the canvas point (xc, yc) where the quadrants meet: a pixel is in quadrant
+            ``2 * (Y >= yc) + (X >= xc)`` (a letterbox layer puts its image in quadrant 3 with split (0, 0)).
+        flip: (L, 2) bool (up-down, left-right) of the output.
+        size: output (H, W).
+        perspective: some matrix is a homography (the host knows it from the plan: no device read decides it).
+    """
+    height, width = size
+    out = torch.empty((len(inv), height, width, 3), dtype=torch.uint8, device=flat.device)
+    per = max(1, max_pixels // (height * width))
+    for s in range(0, len(inv), per):
+        e = min(s + per, len(inv))
+        out[s:e] = _warp_chunk(flat, slots[s:e], inv[s:e], split[s:e], flip[s:e], height, width, perspective)
+    return out
+
+
+def _warp_chunk(
+    flat: Tensor, slots: Tensor, inv: Tensor, split: Tensor, flip: Tensor, height: int, width: int, perspective: bool
+) -> Tensor:
+    device, n = flat.device, len(inv)
+    xs = torch.arange(width, device=device, dtype=torch.float32)
+    ys = torch.arange(height, device=device, dtype=torch.float32)
+    xo = torch.where(flip[:, 1:2], width - 1 - xs, xs)[:, None, :]  # (n, 1, W): the output column read, flipped
+    yo = torch.where(flip[:, 0:1], height - 1 - ys, ys)[:, :, None]  # (n, H, 1)
+    m = inv.float()
+    mm = [m[:, r, c][:, None, None] for r in range(3) for c in range(3)]
+    # OpenCV 4.11+: float32 coordinates, m00 * x + (m01 * y + m02)
+    sx = mm[0] * xo + (mm[1] * yo + mm[2])
+    sy = mm[3] * xo + (mm[4] * yo + mm[5])
+    if perspective:
+        sw = mm[6] * xo + (mm[7] * yo + mm[8])
+        sx, sy = sx / sw, sy / sw
+    fx0, fy0 = torch.floor(sx), torch.floor(sy)
+    fx, fy = (sx - fx0)[..., None], (sy - fy0)[..., None]
+    x0, y0 = fx0.long(), fy0.long()
+    table = slots.reshape(n * 4, 7)
+    lq0 = (torch.arange(n, device=device) * 4)[:, None, None]
+    xc, yc = split[:, 0, None, None], split[:, 1, None, None]
+    chans = torch.arange(3, device=device)
+    last = flat.numel() - 3
+
+    def tap(dx: int, dy: int) -> Tensor:
+        cx, cy = x0 + dx, y0 + dy  # the tap's canvas pixel
+        q = lq0 + 2 * (cy >= yc).long() + (cx >= xc).long()
+        base, stride, x1, y1, x2, y2 = (table[:, k][q] for k in range(6))
+        inside = (cx >= x1) & (cx < x2) & (cy >= y1) & (cy < y2)
+        idx = torch.where(inside, base + (cy * stride + cx) * 3, 0).clamp_(0, max(last, 0))
+        px = flat[idx[..., None] + chans].float() if flat.numel() else torch.zeros((*idx.shape, 3), device=device)
+        return torch.where(inside[..., None], px, float(FILL))
+
+    top = tap(0, 0)
+    top = top + fx * (tap(1, 0) - top)
+    bottom = tap(0, 1)
+    bottom = bottom + fx * (tap(1, 1) - bottom)
+    return torch.round(top + fy * (bottom - top)).clamp_(0, 255).to(torch.uint8)
+
+
+def blend_mixup(a: Tensor, b: Tensor, r: Tensor) -> Tensor:
+    """v7.0's mixup of uint8 images (N, H, W, 3): ``(a * r + b * (1 - r)).astype(uint8)``, float32 arithmetic with
+    ``r`` and ``1 - r`` (float64, (N,)) rounded to float32 as NumPy does for a Python float, then truncated."""
+    r32 = r.float()[:, None, None, None]
+    s32 = (1.0 - r).float()[:, None, None, None]
+    return (a.float() * r32 + b.float() * s32).to(torch.uint8)
+
+
+def _rgb_to_hsv(img: Tensor) -> Tensor:
+    """OpenCV's 8-bit RGB -> HSV (H in 0-179), integer arithmetic with its division tables: (N, H, W, 3) int64."""
+    device = img.device
+    i = torch.arange(256, device=device, dtype=torch.float64)
+    one = torch.ones_like(i)
+    sdiv = torch.where(i > 0, torch.round((255 << _HSV_SHIFT) / torch.where(i > 0, i, one)), 0).long()
+    hdiv = torch.where(i > 0, torch.round((_HUE_RANGE << _HSV_SHIFT) / (6 * torch.where(i > 0, i, one))), 0).long()
+    p = img.long()
+    r, g, b = p[..., 0], p[..., 1], p[..., 2]
+    v = torch.maximum(torch.maximum(r, g), b)
+    diff = v - torch.minimum(torch.minimum(r, g), b)
+    half = 1 << (_HSV_SHIFT - 1)
+    s = (diff * sdiv[v] + half) >> _HSV_SHIFT
+    h = torch.where(v == r, g - b, torch.where(v == g, b - r + 2 * diff, r - g + 4 * diff))
+    h = (h * hdiv[diff] + half) >> _HSV_SHIFT
+    h = torch.where(h < 0, h + _HUE_RANGE, h)
+    return torch.stack((h, s, v), -1)
+
+
+def _fnma(a: Tensor, b: Tensor) -> Tensor:
+    """``1 - a * b`` rounded once, as a fused multiply-add: the float32 product is exact in float64."""
+    return (1.0 - a.double() * b.double()).float()
+
+
+def _hsv_to_rgb(hsv: Tensor) -> Tensor:
+    """OpenCV's 8-bit HSV -> RGB, its vector path (float32, fused multiply-adds, truncation): (N, H, W, 3) uint8."""
+    f = hsv.float()
+    s = f[..., 1] * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    v = f[..., 2] * torch.tensor(1.0 / 255.0, dtype=torch.float32)
+    h = f[..., 0] * torch.tensor(6.0 / _HUE_RANGE, dtype=torch.float32)
+    pre = torch.trunc(h)
+    h = h - pre
+    sector = pre - torch.trunc(pre * torch.tensor(1.0 / 6.0, dtype=torch.float32)) * 6
+    t0, t1, t2, t3 = v, v * (1.0 - s), v * _fnma(s, h), v * _fnma(s, 1.0 - h)
+    b = torch.where(sector < 2, t1, torch.where(sector == 2, t3, torch.where(sector <= 4, t0, t2)))
+    g = torch.where(sector < 1, t3, torch.where(sector <= 2, t0, torch.where(sector == 3, t2, t1)))
+    r = torch.where(
+        sector < 1, t0, torch.where(sector == 1, t2, torch.where(sector <= 3, t1, torch.where(sector == 4, t3, t0)))
+    )
+    return torch.stack((r, g, b), -1).mul_(255.0).trunc_().clamp_(0, 255).to(torch.uint8)
+
+
+def hsv_lut(img: Tensor, luts: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> Tensor:
+    """v7.0's HSV jitter of (N, H, W, 3) uint8 RGB images through per-image (N, 3, 256) uint8 lookup tables of H, S
+    and V (the hue table's values below 180), as ``cv2.cvtColor`` -> ``cv2.LUT`` -> ``cv2.cvtColor``."""
+    n, height, width, _ = img.shape
+    out = torch.empty_like(img)
+    per = max(1, max_pixels // max(1, height * width))
+    for s in range(0, n, per):
+        e = min(s + per, n)
+        hsv = _rgb_to_hsv(img[s:e])
+        base = (torch.arange(e - s, device=img.device) * 768)[:, None, None, None] + torch.arange(
+            0, 768, 256, device=img.device
+        )
+        out[s:e] = _hsv_to_rgb(luts[s:e].reshape(-1)[base + hsv].long())
+    return out
