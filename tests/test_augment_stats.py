@@ -341,3 +341,87 @@ def test_albumentations_default_p_rarely_fires_and_without_rng_uses_its_own_gene
     b.reseed(3)
     for x, y in zip(first, [b(img) for _ in range(30)], strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+# --------------------------------------------------------------------------------------------- the device path
+def _device_items(ds: YOLODataset, keys, chunk: int = 40) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(image HWC, labels (n, 5)) of the training samples ``keys`` as the device input path makes them (on the CPU)."""
+    from yolo5l.data.device_input import DeviceInput
+    from yolo5l.data.plan import collate_plans
+
+    out = []
+    for s in range(0, len(keys), chunk):
+        plans = [ds[(i, True, key)] for i, key in keys[s : s + chunk]]
+        images = DeviceInput("cpu")(collate_plans(plans)[0]).permute(0, 2, 3, 1).numpy()
+        out += [(img, p.labels[:, 1:].numpy()) for img, p in zip(images, plans, strict=True)]
+    return out
+
+
+def test_device_path_mosaic_statistics_match_oracle(index):
+    """The same moments and fill fraction as the canvas oracle's mosaics (HSV and flips off: the geometry alone)."""
+    off = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "fliplr": 0.0}
+    ds = make_ds(index, **off)
+    ds.plan_on_device("pixels")
+    ds.albumentations = None  # every sample on the device
+    new, ref = PixelMoments(), PixelMoments()
+    for (img, _), (i, key) in zip(_device_items(ds, KEYS), KEYS, strict=True):
+        new.add(img)
+        rng = sample_rng(i, key)
+        rng.random()  # the mosaic's draw
+        ref.add(reference_load_mosaic(ds, i, rng)[0])
+    (mean, std, fill), (ref_mean, ref_std, ref_fill) = new.stats(), ref.stats()
+    np.testing.assert_allclose(mean, ref_mean, atol=0.1)
+    np.testing.assert_allclose(std, ref_std, atol=0.1)
+    assert ref_fill > 0.05
+    assert abs(fill - ref_fill) < 0.001
+
+
+def test_device_path_training_samples_distribution_matches_oracle(index):
+    """Whole samples of the device path (albumentations' samples made on the host) against the oracle's, in
+    distribution, as the host path's are in test_training_samples_distribution_matches_oracle."""
+    ds = make_ds(index, flipud=0.5)
+    ds.albumentations = aug.Albumentations(p=0.1)
+    ds.plan_on_device("pixels")
+    new_lab, ref_lab, new_px, ref_px = [], [], [], []
+    for (img, lab), (i, key) in zip(_device_items(ds, KEYS), KEYS, strict=True):
+        new_lab.append(lab)
+        new_px.append(_channel_mean_std(img))
+        rimg, rlab = reference_item(ds, i, sample_rng(i, key))
+        ref_lab.append(rlab)
+        ref_px.append(_channel_mean_std(rimg))
+    assert [len(a) for a in new_lab] == [len(b) for b in ref_lab]
+    new_box, ref_box = _box_table(new_lab), _box_table(ref_lab)
+    for k in ("w", "h"):
+        np.testing.assert_array_equal(np.sort(new_box[k]), np.sort(ref_box[k]))
+    for k in ("cx", "cy"):
+        a, b = new_box[k], ref_box[k]
+        assert ks_statistic(a, b) < 0.06, k
+        assert abs(a.mean() - b.mean()) < 0.03, k
+    new_px, ref_px = np.array(new_px), np.array(ref_px)
+    standard_error = np.sqrt((new_px.var(0) + ref_px.var(0)) / len(new_px))
+    assert (np.abs(new_px.mean(0) - ref_px.mean(0)) < 4 * standard_error).all()
+    for c in range(3):
+        assert ks_statistic(new_px[:, 0, c], ref_px[:, 0, c]) < 0.15
+
+
+def test_device_path_sample_is_a_function_of_its_key(index):
+    """Two fresh datasets, another order, worker processes: the same planned samples, made into the same pixels."""
+    keys = [*KEYS[:16], (3, (7, 2, 1)), (3, (7, 2, 0))]
+    first = make_ds(index)
+    first.plan_on_device("pixels")
+    a = _device_items(first, keys)
+    second = make_ds(index)
+    second.plan_on_device("pixels")
+    order = np.random.default_rng(1).permutation(len(keys))
+    b = dict(zip(order.tolist(), _device_items(second, [keys[j] for j in order]), strict=True))
+    for j, (img, lab) in enumerate(a):
+        np.testing.assert_array_equal(img, b[j][0])
+        np.testing.assert_array_equal(lab, b[j][1])
+    from yolo5l.data.plan import collate_plans
+
+    loader = DataLoader(second, batch_size=6, sampler=[(i, True, key) for i, key in keys], num_workers=2,
+                        collate_fn=collate_plans)  # fmt: skip
+    for k, (_, targets, _, _) in enumerate(loader):
+        in_process = collate_plans([first[(i, True, key)] for i, key in keys[6 * k : 6 * k + 6]])[1]
+        assert torch.equal(targets, in_process)
+    assert not np.array_equal(a[-1][0], a[-2][0])  # the rank is part of the key
