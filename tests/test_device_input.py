@@ -500,3 +500,58 @@ def test_host_collate_is_unchanged(index):
     ds = make_ds(index)
     images, _targets, _, _ = collate_fn([ds[(i, True, (0, 0, 0))] for i in range(3)])
     assert images.shape == (3, 3, S, S)
+
+
+# --------------------------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize(("source", "cache"), [("bytes", "none"), ("pixels", "ram")])
+def test_cuda_makes_the_cpus_batch(index, source, cache):
+    """The same plans made on CUDA and on the CPU: equal pixels from the host's tiles; from nvjpeg's decode within
+    its rounding of the IDCT and chroma upsampling (a few grey levels, rarely)."""
+    ds = make_ds(index, source, cache)
+    plans = [ds[(i, True, key)] for i, key in KEYS]
+    batch = collate_plans(plans)[0]
+    cpu = DeviceInput("cpu")(batch)
+    gpu = DeviceInput("cuda")(batch.pin_memory()).cpu()
+    diff = (cpu.int() - gpu.int()).abs()
+    if source == "pixels":
+        assert diff.max() <= 1
+        assert (diff > 0).float().mean() < 1e-4
+    else:
+        assert diff.float().mean() < 0.5
+
+
+@pytest.mark.gpu
+def test_cuda_loader_makes_batches_ahead_on_a_side_stream(index):
+    """Batch k + 1 is made on the side stream while k is handed out; every batch equals its synchronous making, and
+    the main stream's waits for it are counted."""
+    ds = make_ds(index, "bytes")
+    sampler = [(i, True, (0, 0, 0)) for i in range(24)]
+    loader = DeviceInputLoader(ds, batch_size=8, sampler=sampler, num_workers=2, collate_fn=collate_plans,
+                               pin_memory=True, device_input=DeviceInput("cuda"))  # fmt: skip
+    assert loader.stream is not None
+    for k, (images, targets, _, _) in enumerate(loader):
+        assert images.is_cuda
+        keys = [(i, key) for i, _, key in sampler[8 * k : 8 * k + 8]]
+        plans = [ds[(i, True, key)] for i, key in keys]
+        want = DeviceInput("cuda")(collate_plans(plans)[0])
+        assert torch.equal(images, want)
+    torch.cuda.synchronize()
+    assert loader.device_wait_seconds() >= 0.0
+
+
+@pytest.mark.gpu
+def test_cuda_device_cache(index):
+    ds = make_ds(index)
+    cache = DeviceCache(ds, "cuda", reserve=0)
+    assert cache.fill(range(len(ds)))
+    assert cache.buffer.is_cuda
+    assert "cuda" in cache.message
+    too_much = DeviceCache(ds, "cuda", reserve=1 << 50)
+    assert not too_much.fill(range(len(ds)))
+    assert "does not fit" in too_much.message
+    ds.plan_on_device("cache")
+    plans = [ds[(i, True, key)] for i, key in KEYS[:8]]
+    got = DeviceInput("cuda", cache)(collate_plans(plans)[0]).cpu()
+    want = DeviceInput("cuda")(collate_plans([make_ds(index, "bytes")[(i, True, k)] for i, k in KEYS[:8]])[0]).cpu()
+    assert torch.equal(got, want)
