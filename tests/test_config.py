@@ -273,6 +273,18 @@ def test_trainer_defaults_say_what_auto_means(tmp_path, monkeypatch):
     assert (given.precision, given.benchmark) == (32, True)
 
 
+def test_tensor_cores_on_cuda_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert hardware.use_tensor_cores("gpu")
+    assert hardware.use_tensor_cores("auto")
+    assert not hardware.use_tensor_cores("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not hardware.use_tensor_cores("auto")
+    assert calls == ["high", "high"]
+
+
 def test_loader_workers_rule():
     assert hardware.loader_workers(3, on_accelerator=False) == 3
     assert hardware.loader_workers("auto", on_accelerator=False) == 0

@@ -63,7 +63,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch import seed_everything
     from lightning.pytorch.callbacks import ProgressBar
 
-    from yolo5l.base.hardware import resolve_precision
+    from yolo5l.base.hardware import resolve_precision, use_tensor_cores
     from yolo5l.io.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
     from yolo5l.training.amp_check import check_amp
@@ -82,6 +82,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
 
     accelerator = str(cfg.trainer.accelerator)
+    use_tensor_cores(accelerator)
     precision = resolve_precision(cfg.trainer.precision, accelerator)  # conf resolves it; `auto` typed means the same
     precision, amp_line = check_amp(model, precision, accelerator)
     if amp_line:

@@ -29,6 +29,7 @@ __all__ = [
     "num_devices",
     "owned_cores",
     "resolve_precision",
+    "use_tensor_cores",
     "uses_cuda",
 ]
 
@@ -47,6 +48,16 @@ def uses_cuda(accelerator: str) -> bool:
     """Whether `trainer.accelerator` selects CUDA (`gpu`, `cuda`, or `auto` on a machine with a GPU)."""
     accelerator = str(accelerator)
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def use_tensor_cores(accelerator: str) -> bool:
+    """On CUDA, let float32 matrix products use TensorFloat-32 (``torch.set_float32_matmul_precision("high")``), as
+    Lightning advises on GPUs with Tensor Cores: fp32 training, and what autocast leaves in fp32 in a mixed-precision
+    step, then runs its matrix products on them. Returns whether it did."""
+    if not uses_cuda(accelerator):
+        return False
+    torch.set_float32_matmul_precision("high")
+    return True
 
 
 def resolve_precision(precision: Any, accelerator: str) -> Any:
