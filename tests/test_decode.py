@@ -3,7 +3,10 @@ EXIF orientation kept, other formats and small JPEGs unchanged, and a label scan
 
 from __future__ import annotations
 
+import builtins
+import io
 import math
+import os
 from pathlib import Path
 
 import cv2
@@ -52,8 +55,9 @@ def camera_jpeg(tmp_path_factory) -> Path:
 
 
 class DecoderCalls(list):
-    """The decodes made by yolo5l.data.images: the flags of each cv2.imread call, "simplejpeg" for each simplejpeg
-    decode; ``decoder`` is the reduced decoder under test."""
+    """The decodes made by yolo5l.data.images: the flags of each cv2.imdecode call, "simplejpeg" for each simplejpeg
+    decode at reduced scale and "simplejpeg full" for each at full size; ``decoder`` is the reduced decoder under
+    test."""
 
     def __init__(self, decoder: str):
         super().__init__()
@@ -72,21 +76,23 @@ class DecoderCalls(list):
 def decoder_calls(request, monkeypatch) -> DecoderCalls:
     """Runs a test with each reduced decoder (simplejpeg; OpenCV with simplejpeg made unavailable) and records the
     decodes made by yolo5l.data.images."""
-    calls, real_imread = DecoderCalls(request.param), cv2.imread
+    calls, real_imdecode = DecoderCalls(request.param), cv2.imdecode
 
-    def imread(path, flags=cv2.IMREAD_COLOR):
+    def imdecode(buf, flags):
         calls.append(flags)
-        return real_imread(path, flags)
+        return real_imdecode(buf, flags)
 
-    monkeypatch.setattr(images_mod.cv2, "imread", imread)
+    monkeypatch.setattr(images_mod.cv2, "imdecode", imdecode)
     if request.param == "cv2":
         monkeypatch.setattr(images_mod, "simplejpeg", None)
     else:
         real_decode = simplejpeg.decode_jpeg
 
-        def decode_jpeg(*args, **kwargs):
-            calls.append("simplejpeg")
-            return real_decode(*args, **kwargs)
+        def decode_jpeg(data, *args, **kwargs):
+            out = real_decode(data, *args, **kwargs)
+            full = simplejpeg.decode_jpeg_header(data)[:2] == out.shape[:2]
+            calls.append("simplejpeg full" if full else "simplejpeg")
+            return out
 
         monkeypatch.setattr(images_mod.simplejpeg, "decode_jpeg", decode_jpeg)
     return calls
@@ -307,8 +313,8 @@ def test_simplejpeg_failure_falls_back_to_opencv(camera_jpeg, monkeypatch, failu
         return real_decode(data, *args)  # no min_height / min_width: full size
 
     monkeypatch.setattr(images_mod.simplejpeg, "decode_jpeg", decode_jpeg)
-    real_imread = cv2.imread
-    monkeypatch.setattr(images_mod.cv2, "imread", lambda p, flags: calls.append(flags) or real_imread(p, flags))
+    real_imdecode = cv2.imdecode
+    monkeypatch.setattr(images_mod.cv2, "imdecode", lambda b, flags: calls.append(flags) or real_imdecode(b, flags))
     reduced, hw = read_image_reduced(camera_jpeg, 320)
     assert calls == ["simplejpeg", cv2.IMREAD_REDUCED_COLOR_4]
     assert hw == (1799, 2401)
@@ -473,3 +479,74 @@ def test_data_reduced_decode_reaches_both_caches(tmp_path, override):
     assert dm.reduced_decode is want
     assert dm.train_dataset.cache.reduced_decode is want
     assert dm.val_dataset.cache.reduced_decode is want
+
+
+@pytest.fixture
+def opens(monkeypatch) -> dict[str, int]:
+    """How many times each file is opened: Python's opens (``builtins.open``/``io.open``, ``os.open``; PIL opens
+    through them) and OpenCV's own (``cv2.imread`` of a path), by absolute path."""
+    counts: dict[str, int] = {}
+
+    def count(path) -> None:
+        if isinstance(path, (str, Path)):
+            key = str(Path(path).absolute())
+            counts[key] = counts.get(key, 0) + 1
+
+    def spy(real):
+        def fn(path, *args, **kwargs):
+            count(path)
+            return real(path, *args, **kwargs)
+
+        return fn
+
+    monkeypatch.setattr(builtins, "open", spy(builtins.open))
+    monkeypatch.setattr(io, "open", spy(io.open))
+    monkeypatch.setattr(os, "open", spy(os.open))
+    monkeypatch.setattr(images_mod.cv2, "imread", spy(cv2.imread))
+    return counts
+
+
+def test_each_image_load_opens_its_file_once(tmp_path, opens):
+    """Header, decode and every decoder's fallback work on one read of the file: large JPEGs (reduced decode, its
+    top rows only, a rotated one), a small JPEG (full decode), a PNG, and the image cache's load of each."""
+    big, _, _ = render_sample(np.random.default_rng(9), 1203, 1601)
+    small, _, _ = render_sample(np.random.default_rng(10), 500, 700)
+    write_jpeg(tmp_path / "big.jpg", big)
+    write_jpeg(tmp_path / "small.jpg", small)
+    exif = Image.Exif()
+    exif[_ORIENTATION] = 6
+    Image.fromarray(big).save(tmp_path / "rotated.jpg", quality=90, exif=exif.tobytes())
+    cv2.imwrite(str(tmp_path / "im.png"), small[..., ::-1])
+    loads = [
+        lambda p: read_image(p),
+        lambda p: read_image_reduced(p, 320),
+        lambda p: read_image_reduced(p, 320, top=0.3),
+        lambda p: read_image_reduced(p, 640, top=0.3),
+        lambda p: _load_resized(str(p), 320, augment=True, top=0.3),
+        lambda p: _load_resized(str(p), 320, augment=False),
+        lambda p: _load_resized(str(p), 320, augment=True, reduced=False),
+    ]
+    for name in ("big.jpg", "small.jpg", "rotated.jpg", "im.png"):
+        path = tmp_path / name
+        for load in loads:
+            opens.clear()
+            load(path)
+            assert opens == {str(path): 1}, name
+
+
+@pytest.mark.parametrize("kind", ["420", "422", "444", "progressive", "gray", "cmyk"])
+def test_full_decode_is_opencvs(tmp_path, kind, decoder_calls):
+    """A JPEG decoded at full size (by simplejpeg where it is greyscale or YCbCr) has OpenCV's pixels, bit for bit, in
+    each EXIF orientation; a CMYK one goes to OpenCV."""
+    img, _, _ = render_sample(np.random.default_rng(11), 481, 603)  # partial last blocks
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[_ORIENTATION] = orientation
+        path = tmp_path / f"{kind}{orientation}.jpg"
+        pil = Image.fromarray(img).convert({"gray": "L", "cmyk": "CMYK"}.get(kind, "RGB"))
+        subsampling = {"420": 2, "422": 1, "444": 0}.get(kind, -1)
+        pil.save(path, quality=90, subsampling=subsampling, progressive=kind == "progressive", exif=exif.tobytes())
+        decoder_calls.clear()
+        np.testing.assert_array_equal(read_image(path), cv2.imread(str(path), cv2.IMREAD_COLOR_RGB))
+        by_simplejpeg = decoder_calls.decoder == "simplejpeg" and kind != "cmyk"
+        assert decoder_calls == (["simplejpeg full"] if by_simplejpeg else [cv2.IMREAD_COLOR_RGB])
