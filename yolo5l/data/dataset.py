@@ -294,13 +294,27 @@ def collate_fn(
     """Stack a list of items into ``(images uint8 (B, 3, H, W), targets (N, 6), paths, shapes)``; the images are
     in channels_last memory when the items are views of (H, W, 3) arrays, as the dataset's are.
 
-    Column 0 of each item's labels gets the image's position in the batch. Module-level so it pickles into
-    worker processes.
+    Column 0 of each item's labels gets the image's position in the batch. In a DataLoader worker the images and
+    targets are written straight into shared memory, as ``torch.utils.data.default_collate`` does, so that the batch
+    travels to the main process as it is (one in ordinary memory is copied into shared memory on the way).
+    Module-level so it pickles into worker processes.
     """
     images, labels, paths, shapes = zip(*batch, strict=True)
     for i, lb in enumerate(labels):
         lb[:, 0] = i
     hwc = [im.permute(1, 2, 0) for im in images]
     dense_hwc = all(h.is_contiguous() for h in hwc)  # the dataset's items: one memcpy each, channels_last batch
-    stacked = torch.stack(hwc, 0).permute(0, 3, 1, 2) if dense_hwc else torch.stack(images, 0)
-    return stacked, torch.cat(labels, 0), tuple(paths), tuple(shapes)
+    parts = hwc if dense_hwc else images
+    out_images = out_targets = None
+    if torch.utils.data.get_worker_info() is not None:
+        # Empty outputs in shared memory (PyTorch torch/utils/data/_utils/collate.py::collate_tensor_fn does this).
+        def shared(elem: torch.Tensor, *shape: int) -> torch.Tensor:
+            storage = elem._typed_storage()._new_shared(torch.Size(shape).numel(), device=elem.device)
+            return elem.new(storage).resize_(shape)
+
+        out_images = shared(parts[0], len(parts), *parts[0].shape)
+        out_targets = shared(labels[0], sum(len(lb) for lb in labels), *labels[0].shape[1:])
+    stacked = torch.stack(parts, 0, out=out_images)
+    if dense_hwc:
+        stacked = stacked.permute(0, 3, 1, 2)
+    return stacked, torch.cat(labels, 0, out=out_targets), tuple(paths), tuple(shapes)
