@@ -6,7 +6,7 @@ the autograd graph of the reference. The same two functions can be handed to ``t
 ``ciou.py``), which fuses each of them into one loop.
 
 Gradient conventions match torch autograd on the reference exactly: at ties ``minimum``/``maximum`` split the
-gradient half/half, and ``clamp(min=0)`` gives no gradient at exactly 0.
+gradient half/half, and the intersection's ``relu`` gives no gradient at exactly 0 (touching edges).
 
 Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(xywh=True, CIoU=True)``.
 """
@@ -86,7 +86,7 @@ def ciou_bwd(
     ru = 1.0 / union
     g_inter = g * (1.0 + iou) * ru
     g_union = -g * iou * ru  # -> areas
-    g_iwh = (g_inter * iwh.flip(0)) * (iwh_raw > 0)  # (2 axes, N); torch's clamp blocks the gradient at 0
+    g_iwh = (g_inter * iwh.flip(0)) * (iwh_raw > 0)  # (2 axes, N); relu: no gradient at 0
     g_cwh = (2.0 * g * rho2 * rc2 * rc2) * cwh  # from c2 = cw^2 + ch^2 + eps
     # Weights of box1 in min(hi0, hi1) and in max(lo0, lo1) (1, 0.5 at ties, 0); box2 gets the complement, and
     # in the enclosing box's max(hi)/min(lo) the roles swap.

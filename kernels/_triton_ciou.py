@@ -109,7 +109,7 @@ def _ciou_bwd_kernel(b1_ptr, b2_ptr, g_ptr, g1_ptr, g2_ptr, n, eps, BLOCK: tl.co
     ru = 1.0 / union
     g_inter = g * (1.0 + iou) * ru
     g_union = -g * iou * ru
-    g_iw = tl.where(iw_raw > 0, g_inter * ih, 0.0)  # torch's clamp: no gradient at 0
+    g_iw = tl.where(iw_raw > 0, g_inter * ih, 0.0)  # the reference's relu: no gradient at 0 (touching edges)
     g_ih = tl.where(ih_raw > 0, g_inter * iw, 0.0)
     g_c = 2.0 * g * rho2 * rc2 * rc2
     g_cw = g_c * cw

@@ -1,7 +1,7 @@
 """Pure-torch box ops: the CPU fallback and the test oracle for the fused kernels.
 
-Everything here is element-wise, uses ``clamp`` instead of boolean masks and never syncs the host, so it is
-safe inside a training step and under ``torch.compile``.
+Everything here is element-wise, uses ``relu``/``clamp`` instead of boolean masks and never syncs the host, so it
+is safe inside a training step and under ``torch.compile``.
 
 Reference: ultralytics/yolov5 v7.0 ``utils/metrics.py::bbox_iou(..., xywh=True, CIoU=True)``;
 Zheng et al., "Distance-IoU Loss" (AAAI 2020), arXiv:1911.08287.
@@ -63,10 +63,13 @@ def _ciou_from_parts(
     h2: Tensor,
     eps: float,
 ) -> Tensor:
-    # Intersection through clamp, not masks (no host sync, compile-friendly).
-    inter = (torch.minimum(b1_x2, b2_x2) - torch.maximum(b1_x1, b2_x1)).clamp(min=0) * (
+    # Intersection through relu, not masks (no host sync, compile-friendly): YOLOv5's clamp(0) values. Where edges
+    # touch (overlap exactly 0) the CIoU has a kink; relu's gradient there is 0 on every torch version, the one-sided
+    # derivative of the separated side that the fused backends give, while clamp's backward depends on the version
+    # (torch 2.11 passes the gradient at 0, 2.14 blocks it).
+    inter = torch.relu(torch.minimum(b1_x2, b2_x2) - torch.maximum(b1_x1, b2_x1)) * torch.relu(
         torch.minimum(b1_y2, b2_y2) - torch.maximum(b1_y1, b2_y1)
-    ).clamp(min=0)
+    )
     union = w1 * h1 + w2 * h2 - inter + eps
     iou = inter / union
     # Smallest enclosing box: squared diagonal c^2.
@@ -89,7 +92,7 @@ def ciou_xywh(box1: Tensor, box2: Tensor, eps: float = EPS) -> Tensor:
 
     With corners derived from centre and size::
 
-        inter = clamp(min(x2) - max(x1), 0) * clamp(min(y2) - max(y1), 0)
+        inter = relu(min(x2) - max(x1)) * relu(min(y2) - max(y1))   (no gradient where edges touch)
         union = w1*h1 + w2*h2 - inter + eps,            iou = inter / union
         c^2   = cw^2 + ch^2 + eps                         (cw, ch: enclosing box)
         rho^2 = (cx2 - cx1)^2 + (cy2 - cy1)^2
