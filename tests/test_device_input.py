@@ -555,3 +555,80 @@ def test_cuda_device_cache(index):
     got = DeviceInput("cuda", cache)(collate_plans(plans)[0]).cpu()
     want = DeviceInput("cuda")(collate_plans([make_ds(index, "bytes")[(i, True, k)] for i, k in KEYS[:8]])[0]).cpu()
     assert torch.equal(got, want)
+
+
+# --------------------------------------------------------------------------------------------- the Triton kernels
+_TRITON_CHECK = r"""
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from yolo5l.data import render
+from yolo5l.data.dataset import YOLODataset
+from yolo5l.data.dataset_yaml import load_dataset_file
+from yolo5l.data.device_input import DeviceInput
+from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.plan import collate_plans
+from yolo5l.data.synthetic import ensure_synthetic
+
+# the resize, every EXIF orientation, down and up
+g = torch.Generator().manual_seed(0)
+src, info, out_info, off, ooff = [], [], [], 0, 0
+for o in range(1, 9):
+    hs, ws = (int(v) for v in torch.randint(20, 50, (2,), generator=g))
+    src.append(torch.randint(0, 256, (3 * hs * ws,), dtype=torch.uint8, generator=g))
+    h, w = (int(v) for v in torch.randint(10, 70, (2,), generator=g))
+    info.append([off, hs, ws, o]); out_info.append([ooff, h, w]); off += 3 * hs * ws; ooff += 3 * h * w
+outs = []
+for backend in ("torch", "triton"):
+    out = torch.zeros(ooff, dtype=torch.uint8)
+    render.resize_tiles(torch.cat(src), torch.tensor(info), out, torch.tensor(out_info), backend=backend)
+    outs.append(out)
+assert torch.equal(*outs), "resize"
+# whole batches: mixup, letterboxes, flips, HSV; a perspective warp; bytes and pixel tiles
+yaml = ensure_synthetic(sys.argv[2], num_train=12, num_val=2, seed=0, min_side=60, max_side=140)
+spec = load_dataset_file(yaml)
+index = scan_labels(spec.files("train"), spec.num_classes, spec.cache_path("train"))
+for hyp, source, cache in [({"mixup": 0.5, "flipud": 0.5, "mosaic": 0.7, "degrees": 5.0}, "bytes", "none"),
+                           ({"perspective": 0.001}, "pixels", "ram")]:
+    ds = YOLODataset(index, imgsz=64, augment=True, hyp=hyp, cache=cache, reduced_decode=False)
+    ds.fill_cache()
+    ds.plan_on_device(source)
+    ds.albumentations = None
+    batch = collate_plans([ds[(i % 12, True, (0, i // 12, 0))] for i in range(8)])[0]
+    a = DeviceInput("cpu", backend="torch")(batch)
+    b = DeviceInput("cpu", backend="triton")(batch)
+    assert torch.equal(a, b), (hyp, int((a != b).sum()))
+    assert set(batch.layers.tolist()) >= ({1, 2} if hyp.get("mixup") else {1})
+print("TRITON_INPUT_OK")
+"""
+
+
+def test_triton_kernels_are_the_torch_ops_under_the_interpreter(tmp_path):
+    """The two Triton kernels (resize; warp + mixup + HSV + flips) give the torch ops' bytes exactly: the resize for
+    every EXIF orientation, whole batches with mixup, letterboxes, flips and HSV, a perspective warp."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # A subprocess: TRITON_INTERPRET must be set before triton is imported and must not leak into other tests.
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    repo = str(Path(__file__).resolve().parents[1])
+    res = subprocess.run(
+        [sys.executable, "-c", _TRITON_CHECK, repo, str(tmp_path / "syn")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "TRITON_INPUT_OK" in res.stdout
+
+
+@pytest.mark.gpu
+def test_triton_kernels_are_the_torch_ops_on_cuda(index):
+    """On CUDA: the kernels (the default there) give the torch ops' bytes, for every tile source."""
+    for source, cache in (("bytes", "none"), ("pixels", "ram")):
+        ds = make_ds(index, source, cache, mixup=0.5, flipud=0.5, mosaic=0.8)
+        batch = collate_plans([ds[(i, True, key)] for i, key in KEYS])[0]
+        a = DeviceInput("cuda", backend="torch")(batch)
+        b = DeviceInput("cuda")(batch)
+        assert torch.equal(a, b)

@@ -47,13 +47,14 @@ def _decode_resize(
     data: Sequence[Tensor],
     stored: Sequence[tuple[int, int, int]],
     out: Tensor,
-    out_info: Tensor,
+    out_info: Sequence[tuple[int, int, int]],
     device: torch.device,
     decode_bytes: int,
     max_pixels: int,
+    backend: str = "auto",
 ) -> None:
     """Decode JPEGs (``stored``: their (h, w, orientation)) in chunks of at most ``decode_bytes`` of pixels, and
-    resize each into ``out`` at its ``out_info`` row (offset, h, w)."""
+    resize each into ``out`` at its ``out_info`` row (offset, h, w). Host numbers in, no device read-back."""
     start = 0
     while start < len(data):
         stop, total = start, 0
@@ -72,7 +73,9 @@ def _decode_resize(
         ).to(device, non_blocking=True)
         flat = torch.cat([im.reshape(-1) for im in decoded])
         del decoded
-        render.resize_tiles(flat, src_info, out, out_info[start:stop], max_pixels)
+        rows = out_info[start:stop]
+        dst = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        render.resize_tiles(flat, src_info, out, dst, max_pixels, sizes=[(h, w) for _, h, w in rows], backend=backend)
         start = stop
 
 
@@ -145,9 +148,8 @@ class DeviceCache:
                         o = int(starts[s + k])
                         self.buffer[o : o + img.size] = torch.from_numpy(img.reshape(-1)).to(self.device)
                 if jpeg:
-                    out_info = torch.tensor(rows, dtype=torch.int64).to(self.device)
                     max_pixels = render.DEFAULT_MAX_PIXELS
-                    _decode_resize(jpeg, stored, self.buffer, out_info, self.device, decode_bytes, max_pixels)
+                    _decode_resize(jpeg, stored, self.buffer, rows, self.device, decode_bytes, max_pixels)
         self.message = f"cached {n} images ({need / _GB:.2f} GB) in {self.device} memory ({free})"
         return True
 
@@ -174,7 +176,8 @@ class DeviceInput:
         device: where the images are made.
         cache: the device cache, for batches whose tiles are cache indices.
         decode_bytes: decoded JPEG pixels held at once.
-        max_pixels: output pixels per chunk of the warp and the HSV pass.
+        max_pixels: output pixels per chunk of the torch ops.
+        backend: ``yolo5l.data.render``'s: the Triton kernels on CUDA ("auto"), or the torch ops.
     """
 
     def __init__(
@@ -183,10 +186,11 @@ class DeviceInput:
         cache: DeviceCache | None = None,
         decode_bytes: int = DEFAULT_DECODE_BYTES,
         max_pixels: int = render.DEFAULT_MAX_PIXELS,
+        backend: str = "auto",
     ) -> None:
         self.device = torch.device(device)
         self.cache = cache
-        self.decode_bytes, self.max_pixels = int(decode_bytes), int(max_pixels)
+        self.decode_bytes, self.max_pixels, self.backend = int(decode_bytes), int(max_pixels), backend
 
     def _tile_buffer(self, plan: PlanBatch, dev: PlanBatch) -> tuple[Tensor, Tensor]:
         """The flat buffer every tile of the batch is read from, and each tile's offset in it."""
@@ -205,8 +209,10 @@ class DeviceInput:
             spans = tiles[jpeg_rows][:, 1:3].tolist()
             data = [plan.jpeg[o : o + n] for o, n in spans]
             stored = [tuple(r) for r in tiles[jpeg_rows][:, 7:10].tolist()]
-            out_info = torch.cat((torch.tensor(starts[:-1])[:, None], hw), 1).to(self.device, non_blocking=True)
-            _decode_resize(data, stored, resized, out_info, self.device, self.decode_bytes, self.max_pixels)
+            out_info = [(o, h, w) for o, (h, w) in zip(starts[:-1], hw.tolist(), strict=True)]
+            _decode_resize(
+                data, stored, resized, out_info, self.device, self.decode_bytes, self.max_pixels, self.backend
+            )
         offsets = tiles[:, 1].clone()
         offsets[jpeg_rows] = torch.tensor(starts[:-1], dtype=torch.int64)
         offsets[kinds == _PIXELS] += int(starts[-1])
@@ -216,43 +222,21 @@ class DeviceInput:
         """The batch's (B, 3, H, W) uint8 images on the device, channels_last."""
         dev = plan.to(self.device, non_blocking=True)
         height, width = plan.size
-        n = len(plan)
-        out = torch.empty((n, height, width, 3), dtype=torch.uint8, device=self.device)
-        layers = plan.layers.tolist()  # host copies from here on: indices and flags, no device syncs
-        made = [b for b in range(n) if layers[b] > 0]
-        if made:
+        out = torch.empty((len(plan), height, width, 3), dtype=torch.uint8, device=self.device)
+        layers = plan.layers.tolist()  # host copies: which sample is what decides the work, without device reads
+        if any(layers):
             flat, offsets = self._tile_buffer(plan, dev)
-            mixed = [b for b in made if layers[b] == 2]
-            sel_b = torch.tensor(made + mixed, dtype=torch.int64)
-            sel_k = torch.tensor([0] * len(made) + [1] * len(mixed), dtype=torch.int64)
-            slots = dev.slots[sel_b.to(self.device), sel_k.to(self.device)]  # (L, 4, 7)
-            tile = slots[..., 0]
+            tile = dev.slots[..., 0]  # (B, 2, 4): a quadrant's tile, -1 for none
             t = tile.clamp(min=0)
-            tiles = dev.tiles
-            cw, oy, ox = tiles[t, 4], tiles[t, 5], tiles[t, 6]
-            base = offsets[t] + ((slots[..., 6] - oy) * cw + (slots[..., 5] - ox)) * 3
-            empty = tile < 0
-            table = torch.stack(
-                (base, cw, *(torch.where(empty, 0, slots[..., k]) for k in range(1, 5)), torch.zeros_like(base)), -1
-            )
-            sel_bd, sel_kd = sel_b.to(self.device), sel_k.to(self.device)
-            perspective = bool((plan.inv[:, :, 2, :2] != 0).any())  # host tensor
-            imgs = render.warp_layers(
-                flat, table, dev.inv[sel_bd, sel_kd], dev.split[sel_bd, sel_kd], dev.flip[sel_bd],
-                (height, width), perspective, self.max_pixels,
+            cw, oy, ox = dev.tiles[t, 4], dev.tiles[t, 5], dev.tiles[t, 6]
+            base = offsets[t] + ((dev.slots[..., 6] - oy) * cw + (dev.slots[..., 5] - ox)) * 3
+            bounds = torch.where((tile < 0)[..., None], 0, dev.slots[..., 1:5])  # an empty quadrant reads as fill
+            table = torch.cat((base[..., None], cw[..., None], bounds, torch.zeros_like(cw)[..., None]), -1)
+            perspective = bool((plan.inv[:, :, 2, :2] != 0).any())  # a host tensor
+            render.compose(
+                flat, table, dev.inv, dev.split, dev.flip, layers, dev.mix, plan.hsv.tolist(), dev.luts, out,
+                perspective, self.max_pixels, self.backend,
             )  # fmt: skip
-            if mixed:
-                m = len(made)
-                pos = torch.tensor([made.index(b) for b in mixed], device=self.device)
-                imgs[pos] = render.blend_mixup(imgs[pos], imgs[m:], dev.mix[torch.tensor(mixed, device=self.device)])
-                imgs = imgs[:m]
-            hsv_flags = plan.hsv.tolist()
-            jitter = [k for k, b in enumerate(made) if hsv_flags[b]]
-            if jitter:
-                jk = torch.tensor(jitter, device=self.device)
-                sb = torch.tensor([made[k] for k in jitter], device=self.device)
-                imgs[jk] = render.hsv_lut(imgs[jk], dev.luts[sb], self.max_pixels)
-            out[torch.tensor(made, device=self.device)] = imgs
         if len(plan.host_pos):
             out[plan.host_pos.to(self.device)] = dev.host
         return out.permute(0, 3, 1, 2)

@@ -16,8 +16,10 @@ are those of the host path (`yolo5l.data.dataset`) within a grey level of roundi
   the worker computed from the sample's gains, and OpenCV's 8-bit HSV -> RGB (its vector path: float32, a fused
   multiply-add, truncation), equal to ``cv2.cvtColor`` on every 8-bit colour.
 
-Memory: the ops work on chunks of at most ``max_pixels`` output pixels (and decode at most ``decode_bytes`` of
-JPEG pixels at once), so the peak stays ~``40 * max_pixels`` bytes above the batch whatever its size.
+:func:`compose` runs the last four for a whole batch. On CUDA the resize and the composition are one Triton kernel
+each (``yolo5l_kernels._triton_input``, the same arithmetic step for step; ``backend="triton"``); the torch ops here
+are the CPU's path and the kernels' oracle. Memory of the torch ops: chunks of at most ``max_pixels`` output pixels,
+~``40 * max_pixels`` bytes above the batch; the kernels need none beyond their output.
 
 Reference: OpenCV ``imgproc`` resize.cpp (``HResizeLinear``, ``VResizeLinearVec_32s8u``), warp_kernels.simd.hpp,
 color_hsv.simd.hpp (``RGB2HSV_b``, ``HSV2RGB_b``) (behaviour).
@@ -32,15 +34,19 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_MAX_PIXELS",
     "FILL",
     "blend_mixup",
+    "compose",
     "decode_jpegs",
     "hsv_lut",
     "orient_hw",
     "resize_tiles",
     "warp_layers",
 ]
+
+BACKENDS = ("auto", "torch", "triton")  # auto: the Triton kernels on CUDA, the torch ops elsewhere
 
 FILL = 114
 DEFAULT_MAX_PIXELS = 1 << 23  # output pixels a chunk of a warp, resize or HSV pass works on (~8.4 M: 20 at 640 px)
@@ -49,6 +55,20 @@ _COEF_ONE = 1 << _COEF_BITS
 _HSV_SHIFT = 12  # OpenCV's hsv_shift: the fixed point of its 8-bit RGB -> HSV tables
 _HUE_RANGE = 180
 _ROTATED = (5, 6, 7, 8)  # EXIF orientations that swap height and width
+
+
+def _triton(backend: str, device: torch.device) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if device.type != "cuda":
+            return False
+        try:
+            import triton  # noqa: F401
+        except ImportError:  # a CUDA build without Triton: the torch ops
+            return False
+        return True
+    return backend == "triton"
 
 
 def decode_jpegs(data: Sequence[Tensor], device: torch.device | str) -> list[Tensor]:
@@ -108,7 +128,13 @@ def _axis_coefs(dst: Tensor, n_src: Tensor, n_dst: Tensor) -> tuple[Tensor, Tens
 
 
 def resize_tiles(
-    src: Tensor, src_info: Tensor, out: Tensor, out_info: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS
+    src: Tensor,
+    src_info: Tensor,
+    out: Tensor,
+    out_info: Tensor,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    sizes: Sequence[tuple[int, int]] | None = None,
+    backend: str = "auto",
 ) -> None:
     """Resize many images of different sizes, bilinear as OpenCV's 8-bit ``INTER_LINEAR``, into ``out``.
 
@@ -118,8 +144,17 @@ def resize_tiles(
         out: flat uint8 buffer the results are written to, each (h, w, 3) interleaved.
         out_info: (T, 3) int64 per image: offset in ``out``, h, w (the displayed image's resized size).
         max_pixels: output pixels per chunk.
+        sizes: the (h, w) of ``out_info`` as host numbers, when ``out_info`` is on a device (no read-back then).
+        backend: one of :data:`BACKENDS`.
     """
-    counts = (out_info[:, 1] * out_info[:, 2]).tolist()  # host copy of a small table (sizes drive the chunking)
+    if sizes is None:
+        sizes = out_info[:, 1:3].tolist()  # a host tensor's numbers; on a device, a read-back: pass `sizes`
+    counts = [int(h) * int(w) for h, w in sizes]
+    if _triton(backend, src.device):
+        from yolo5l_kernels import _triton_input
+
+        _triton_input.resize(src, src_info, out, out_info, max(counts, default=0))
+        return
     start = 0
     while start < len(counts):
         stop, total = start, 0
@@ -246,11 +281,7 @@ def blend_mixup(a: Tensor, b: Tensor, r: Tensor) -> Tensor:
 
 def _rgb_to_hsv(img: Tensor) -> Tensor:
     """OpenCV's 8-bit RGB -> HSV (H in 0-179), integer arithmetic with its division tables: (N, H, W, 3) int64."""
-    device = img.device
-    i = torch.arange(256, device=device, dtype=torch.float64)
-    one = torch.ones_like(i)
-    sdiv = torch.where(i > 0, torch.round((255 << _HSV_SHIFT) / torch.where(i > 0, i, one)), 0).long()
-    hdiv = torch.where(i > 0, torch.round((_HUE_RANGE << _HSV_SHIFT) / (6 * torch.where(i > 0, i, one))), 0).long()
+    sdiv, hdiv = _hsv_div_tables(img.device)
     p = img.long()
     r, g, b = p[..., 0], p[..., 1], p[..., 2]
     v = torch.maximum(torch.maximum(r, g), b)
@@ -300,3 +331,74 @@ def hsv_lut(img: Tensor, luts: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
         )
         out[s:e] = _hsv_to_rgb(luts[s:e].reshape(-1)[base + hsv].long())
     return out
+
+
+_DIV_TABLES: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+
+def _hsv_div_tables(device: torch.device) -> tuple[Tensor, Tensor]:
+    """OpenCV's 8-bit RGB -> HSV division tables (S, then H) on ``device``, made once."""
+    if device not in _DIV_TABLES:
+        i = torch.arange(256, dtype=torch.float64)
+        safe = torch.where(i > 0, i, torch.ones_like(i))
+        sdiv = torch.where(i > 0, torch.round((255 << _HSV_SHIFT) / safe), 0).long()
+        hdiv = torch.where(i > 0, torch.round((_HUE_RANGE << _HSV_SHIFT) / (6 * safe)), 0).long()
+        _DIV_TABLES[device] = (sdiv.to(device), hdiv.to(device))
+    return _DIV_TABLES[device]
+
+
+def compose(
+    flat: Tensor,
+    slots: Tensor,
+    inv: Tensor,
+    split: Tensor,
+    flip: Tensor,
+    layers: Sequence[int],
+    mix: Tensor,
+    hsv: Sequence[bool],
+    luts: Tensor,
+    out: Tensor,
+    perspective: bool = False,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    backend: str = "auto",
+) -> None:
+    """Make a batch's samples into ``out`` (B, H, W, 3) uint8: each sample's layers warped (:func:`warp_layers`),
+    mixup's two layers blended (:func:`blend_mixup`), the HSV tables applied (:func:`hsv_lut`) and the flips.
+
+    Args:
+        flat, slots, inv, split: as :func:`warp_layers`'s, per sample and layer: (B, 2, 4, 7), (B, 2, 3, 3), (B, 2, 2).
+        flip: (B, 2) bool, up-down and left-right.
+        layers: per sample 0 (leave ``out``'s pixels alone: made elsewhere), 1, or 2 (mixup); host numbers.
+        mix: (B,) float64 mixup ratios. hsv: per sample whether its tables apply (host). luts: (B, 3, 256) uint8.
+        perspective: some matrix is a homography.
+        backend: one of :data:`BACKENDS`.
+    """
+    device = out.device
+    if _triton(backend, device):
+        from yolo5l_kernels import _triton_input
+
+        as_tensor = {"dtype": torch.int64, "device": device}
+        _triton_input.compose(
+            flat, slots, inv, split, flip, torch.tensor(list(layers), **as_tensor), mix,
+            torch.tensor(list(hsv), dtype=torch.bool, device=device), luts, _hsv_div_tables(device), out, perspective,
+        )  # fmt: skip
+        return
+    made = [b for b in range(len(layers)) if layers[b] > 0]
+    if not made:
+        return
+    mixed = [b for b in made if layers[b] == 2]
+    sel_b = torch.tensor(made + mixed, dtype=torch.int64, device=device)
+    sel_k = torch.tensor([0] * len(made) + [1] * len(mixed), dtype=torch.int64, device=device)
+    imgs = warp_layers(
+        flat, slots[sel_b, sel_k], inv[sel_b, sel_k], split[sel_b, sel_k], flip[sel_b], tuple(out.shape[1:3]),
+        perspective, max_pixels,
+    )  # fmt: skip
+    if mixed:
+        pos = torch.tensor([made.index(b) for b in mixed], device=device)
+        imgs[pos] = blend_mixup(imgs[pos], imgs[len(made) :], mix[torch.tensor(mixed, device=device)])
+        imgs = imgs[: len(made)]
+    jitter = [k for k, b in enumerate(made) if hsv[b]]
+    if jitter:
+        jk = torch.tensor(jitter, device=device)
+        imgs[jk] = hsv_lut(imgs[jk], luts[torch.tensor([made[k] for k in jitter], device=device)], max_pixels)
+    out[torch.tensor(made, device=device)] = imgs
