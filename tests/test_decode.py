@@ -179,6 +179,24 @@ def test_top_rows_decode_is_the_whole_decode_cut(camera_jpeg, imgsz, top, top_de
     assert len(top_decodes) == 1
 
 
+@pytest.mark.parametrize("hw", [(479, 601), (803, 700), (480, 640)], ids=["enlarged", "shrunk", "kept"])
+def test_top_rows_decode_at_full_size(tmp_path, hw, top_decodes):
+    """A JPEG under twice the target size (decoded at full size) is cut after the rows a top fraction needs too: its
+    resized rows are the whole image's, bit for bit, whether the resize enlarges, shrinks or keeps it."""
+    img, _, _ = render_sample(np.random.default_rng(12), *hw)
+    path = str(write_jpeg(tmp_path / "im.jpg", img))
+    whole = _load_resized(path, 640, augment=True)
+    for top in (0.02, 0.3, 0.6):
+        cut = _load_resized(path, 640, augment=True, top=top)
+        assert cut.shape[1:] == whole.shape[1:]
+        assert cut.shape[0] == math.ceil(top * whole.shape[0])
+        np.testing.assert_array_equal(cut, whole[: cut.shape[0]])
+    assert len(top_decodes) == 3
+    assert max(top_decodes) < 0.7 * hw[0]
+    assert _load_resized(path, 640, augment=True, top=0.8).shape == whole.shape  # most of the rows: a whole decode
+    assert len(top_decodes) == 3
+
+
 @pytest.mark.parametrize("orientation", [3, 6])
 def test_top_rows_decode_needs_an_upright_image(tmp_path, orientation, top_decodes):
     """A rotated image's top rows are not the file's first rows: it is decoded whole, as without ``top``."""

@@ -56,23 +56,24 @@ def _load_resized(path: str, imgsz: int, augment: bool, reduced: bool = True, to
 
     ``top`` (< 1 counts in training only, where the resize is bilinear): the consumer reads only that fraction of
     the rows, from the top. The result may then end after row ``ceil(top * h)`` of the ``h`` rows of the whole
-    result, identical to those rows of it: the decode stops early (see
+    result, identical to those rows of it: the decode stops early, at reduced scale or at full size (see
     :func:`~yolo5l.data.images.read_image_reduced`).
     """
     if not reduced:
         return resize_long_side(read_image(path), imgsz, augment)
     img, (h0, w0) = read_image_reduced(path, imgsz, top if augment else 1.0)
-    if img.shape[:2] == (h0, w0):  # decoded in full
+    if img.shape[:2] == (h0, w0):  # decoded whole at full size
         return resize_long_side(img, imgsz, augment)
-    # Decoded at 1/f: ceil(h0 / f) x ceil(w0 / f), long side >= imgsz, so this only shrinks. Resizing to the shape
-    # of the full image (not of the reduced one) keeps the result's shape exactly that of a full decode; when
-    # f does not divide a side, the partial last block stretches the image by under one output pixel at that edge.
+    # Decoded at 1/f: ceil(h0 / f) x ceil(w0 / f), long side >= imgsz when f > 1, so this only shrinks. Resizing to
+    # the shape of the full image (not of the reduced one) keeps the result's shape exactly that of a full decode;
+    # when f does not divide a side, the partial last block stretches the image by under one output pixel at that
+    # edge. f = 1 here is a full-size decode cut by ``top``, resized as resize_long_side would (bilinear).
     h, w = resized_shape(h0, w0, imgsz)
     interp = cv2.INTER_LINEAR if augment else cv2.INTER_AREA
     f = dct_scale(h0, w0, imgsz)
     hf, wf = -(-h0 // f), -(-w0 // f)
     if img.shape[0] < hf:  # the top rows only: resized at the whole image's scales, so its rows are the same
-        out = cv2.resize(img, None, fx=w / wf, fy=h / hf, interpolation=interp)
+        out = img if (h, w) == (hf, wf) else cv2.resize(img, None, fx=w / wf, fy=h / hf, interpolation=interp)
         return out[: min(h, math.ceil(top * h))]  # the rows after these read past the decoded ones
     return cv2.resize(img, (w, h), interpolation=interp)
 

@@ -7,7 +7,8 @@ averages each block as an anti-aliased downscale would. That decode goes through
 TurboJPEG API, EXIF orientation applied here) when it is installed, else through OpenCV's ``IMREAD_REDUCED_COLOR_*``
 modes; both are libjpeg-turbo and give the same pixels. A consumer that reads only the top part of the image (a
 mosaic tile that the output cuts off below) can say so: the decoder then stops after the last row it needs, which
-skips the entropy decoding of the rest, the one cost that DCT scaling does not shrink.
+skips the entropy decoding of the rest, the one cost that DCT scaling does not shrink; this holds for a JPEG decoded
+at full size too.
 
 Each file is opened and read once: the JPEG header (size, EXIF orientation;
 :func:`~yolo5l.data.jpeg_header.read_jpeg_header`) is parsed from those bytes, and every decoder, fallbacks included,
@@ -54,9 +55,11 @@ _PNG_CRC_BYTES = 4
 _UPRIGHT = 1  # the EXIF orientation that displays the stored rows top to bottom as they are (read_jpeg_header's
 # value without an orientation, or with one outside 1-8, which OpenCV ignores too)
 _SIMPLEJPEG_COMPONENTS = (1, 3)  # greyscale and YCbCr: what simplejpeg decodes to RGB as OpenCV does
-# A decode that stops early goes through PIL, whose decoder is ~8% slower a row than simplejpeg's: it is worth it
-# below this fraction of the rows.
+# A decode that stops early goes through PIL, which costs more a row than simplejpeg: ~8% at reduced scale, ~40% at
+# full size (where PIL's copies of the pixels weigh more beside the decoder's work). It is worth it below this fraction
+# of the rows.
 _TOP_DECODE_MAX_FRACTION = 0.9
+_TOP_DECODE_MAX_FRACTION_FULL = 0.7
 # EXIF orientation -> the transform of the stored pixels that displays them (as PIL's ImageOps.exif_transpose and
 # OpenCV's imread do); 1 and unknown values leave the pixels as stored.
 _ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
@@ -227,10 +230,12 @@ def read_image_reduced(
     full and then shrink with a cheap filter, hence the format check.
 
     With ``top < 1`` the consumer needs only that fraction of the image, from the top. An upright JPEG (no EXIF
-    rotation or mirroring) decoded at 1/f may then come back cut after row ``ceil(top * hf) + ceil(max(hf, wf)
-    / min_long_side) + 2`` of the ``hf x wf`` reduced image (the rows that a bilinear resize of that fraction to long
-    side ``min_long_side`` reads), identical to those rows of the whole decode: the decoder stops there
-    (:func:`_decode_top_rows_pil`). When that is most of the image, or not possible, the whole image is decoded.
+    rotation or mirroring), decoded at 1/f or at full size (f = 1), may then come back cut after row
+    ``ceil(top * hf) + ceil(max(hf, wf) / min_long_side) + 2`` of the ``hf x wf`` decode (the rows that a bilinear
+    resize of that fraction to long side ``min_long_side`` reads), identical to those rows of the whole decode: the
+    decoder stops there (:func:`_decode_top_rows_pil`). When that is most of the image (from
+    :data:`_TOP_DECODE_MAX_FRACTION` of the rows at reduced scale, :data:`_TOP_DECODE_MAX_FRACTION_FULL` at full
+    size), or not possible, the whole image is decoded.
 
     Args:
         path: Image file.
@@ -239,7 +244,7 @@ def read_image_reduced(
 
     Returns:
         ``(image, (h0, w0))``: the image, and the full-size (h, w) after EXIF orientation, which equals the
-        image's shape when it was decoded in full. An image cut by ``top`` has the width of the whole reduced
+        image's shape when it was decoded whole at full size. An image cut by ``top`` has the width of the whole
         decode, ``ceil(w0 / f)``, and fewer rows than ``ceil(h0 / f)``.
 
     Raises:
@@ -252,10 +257,10 @@ def read_image_reduced(
         h, w = header.height, header.width
         h0, w0 = (w, h) if header.orientation in _ROTATED_90 else (h, w)
         f = dct_scale(h0, w0, min_long_side)
-        if f > 1 and top < 1 and header.orientation == _UPRIGHT:
+        if top < 1 and header.orientation == _UPRIGHT:
             hf, wf = -(-h // f), -(-w // f)
             rows = math.ceil(top * hf) + math.ceil(max(hf, wf) / min_long_side) + 2
-            if rows < _TOP_DECODE_MAX_FRACTION * hf:
+            if rows < (_TOP_DECODE_MAX_FRACTION if f > 1 else _TOP_DECODE_MAX_FRACTION_FULL) * hf:
                 im = _decode_top_rows_pil(data, h, w, f, max(rows, 1))
                 if im is not None:
                     return im, (h0, w0)
