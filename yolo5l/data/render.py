@@ -14,7 +14,9 @@ are those of the host path (`yolo5l.data.dataset`) within a grey level of roundi
 - :func:`blend_mixup`: v7.0's ``mixup``, ``(im * r + im2 * (1 - r)).astype(uint8)`` in float32.
 - :func:`hsv_lut`: v7.0's ``augment_hsv``: OpenCV's 8-bit RGB -> HSV (its integer tables), the three lookup tables
   the worker computed from the sample's gains, and OpenCV's 8-bit HSV -> RGB (its vector path: float32, a fused
-  multiply-add, truncation), equal to ``cv2.cvtColor`` on every 8-bit colour.
+  multiply-add, truncation), equal to ``cv2.cvtColor`` on every 8-bit colour. (OpenCV converts the last
+  ``width % 64`` pixels of a row (AVX-512; ``% 32`` with AVX2) with scalar code that rounds instead; v7.0's 640 px
+  rows have none.)
 
 :func:`compose` runs the last four for a whole batch. On CUDA the resize and the composition are one Triton kernel
 each (``yolo5l_kernels._triton_input``, the same arithmetic step for step; ``backend="triton"``); the torch ops here
