@@ -11,8 +11,11 @@
 - :class:`DeviceCache` (``data.cache=device``) keeps every image of the rank's shard decoded and resized in device
   memory, when it fits beside ``reserve`` bytes for training, so the workers send only indices.
 
-Peak device memory beyond the batch: a decode chunk (``decode_bytes``, default 256 MiB, plus its resized tiles) or a
-warp chunk (~``40 * max_pixels`` bytes, default ~320 MiB), whichever is larger, and the batch made ahead.
+Device memory the path holds, bounded whatever the dataset's photos: the batch made ahead and the one in use
+(B x H x W x 3 bytes each: 79 MB at batch 64, 640 px), the batch's resized tiles (~3.6 images of up to H x W x 3 a
+sample: ~0.2 GB there), and while decoding one chunk of at most ``decode_bytes`` (256 MiB) of decoded pixels, twice
+(the decoder's images and their packed copy): ~0.9 GB in all at batch 64, 640 px. The torch ops of the CPU path add
+~``40 * max_pixels`` bytes (~0.3 GB) of temporaries; the Triton kernels (CUDA) none.
 """
 
 from __future__ import annotations
