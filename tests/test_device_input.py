@@ -179,6 +179,15 @@ def test_hsv_is_opencv_on_every_8bit_colour():
         assert np.array_equal(got, cv2.cvtColor(h, cv2.COLOR_HSV2RGB)), gain
 
 
+def test_device_hsv_tables_are_v7s():
+    """The device builds v7.0's tables from the gains the worker drew, equal to NumPy's for any gain."""
+    gains = np.random.default_rng(4).uniform(-1, 1, (64, 3)) * [0.3, 0.9, 0.9] + 1
+    gains[0] = [1.0, 1.0, 1.0]
+    gains[1] = [1.4, 2.0, 0.0]  # a hue that wraps, S and V clipped at 255 and at 0
+    got = render.hsv_tables(torch.from_numpy(gains)).numpy()
+    assert np.array_equal(got, np.stack([aug.hsv_tables(g) for g in gains]))
+
+
 def test_hsv_tables_are_v7s_and_the_host_path_uses_them_for_large_gains():
     x = np.arange(256, dtype=np.float64)
     gain = np.array([1.2, 0.5, 1.9])

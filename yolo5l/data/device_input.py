@@ -236,8 +236,9 @@ class DeviceInput:
             bounds = torch.where((tile < 0)[..., None], 0, dev.slots[..., 1:5])  # an empty quadrant reads as fill
             table = torch.cat((base[..., None], cw[..., None], bounds, torch.zeros_like(cw)[..., None]), -1)
             perspective = bool((plan.inv[:, :, 2, :2] != 0).any())  # a host tensor
+            luts = render.hsv_tables(dev.gains)
             render.compose(
-                flat, table, dev.inv, dev.split, dev.flip, layers, dev.mix, plan.hsv.tolist(), dev.luts, out,
+                flat, table, dev.inv, dev.split, dev.flip, layers, dev.mix, plan.hsv.tolist(), luts, out,
                 perspective, self.max_pixels, self.backend,
             )  # fmt: skip
         if len(plan.host_pos):

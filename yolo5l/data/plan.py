@@ -4,7 +4,7 @@
 sample's generator, in the same order, and all the box arithmetic, so the labels are the host path's to the bit)
 but makes no pixels: it records what the device needs to make them (:class:`SamplePlan`): per layer (a mosaic, or
 the letterboxed image; two with mixup) the images of its 4 canvas quadrants and where they lie, the canvas-to-output
-matrix, then mixup's ratio, the HSV lookup tables and the flips. The images travel as their files' bytes (no
+matrix, then mixup's ratio, the HSV gains and the flips. The images travel as their files' bytes (no
 cache; JPEGs a GPU decodes), as the part of the resized image the output reads (a RAM or disk cache, and the
 images a GPU does not decode: PNG, greyscale, CMYK, progressive JPEG), or as an index into the device cache.
 
@@ -78,7 +78,7 @@ class SamplePlan:
     size: tuple[int, int]
     layers: list[Layer] = field(default_factory=list)
     mix: float = -1.0
-    luts: np.ndarray | None = None
+    gains: np.ndarray | None = None  # HSV gains (3,) float64, or None: no HSV draw
     flip_ud: bool = False
     flip_lr: bool = False
     host: np.ndarray | None = None
@@ -251,8 +251,7 @@ def plan_item(
     out = torch.zeros((nl, 6), dtype=torch.float32)
     if nl:
         out[:, 1:] = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
-    luts = None if gains is None else aug.hsv_tables(gains)
-    return SamplePlan(out, ds.im_files[index], shapes, size, layers, mix, luts, flip_ud, flip_lr)
+    return SamplePlan(out, ds.im_files[index], shapes, size, layers, mix, gains, flip_ud, flip_lr)
 
 
 # --------------------------------------------------------------------------------------------- batch
@@ -282,8 +281,9 @@ class PlanBatch:
 
     ``tiles`` (T, 10) int64 rows of :data:`TILE_COLUMNS`; ``slots`` (B, 2, 4, 7) int64 rows of :data:`SLOT_COLUMNS`
     per sample, layer and quadrant (tile -1: empty); ``inv`` (B, 2, 3, 3) the output-to-canvas matrices; ``split``
-    (B, 2, 2); ``layers`` (B,) 0 (host pixels), 1 or 2; ``mix`` (B,) mixup's ratio; ``luts`` (B, 3, 256) and
-    ``hsv`` (B,); ``flip`` (B, 2) up-down, left-right; ``host`` (Bh, H, W, 3) with their ``host_pos`` (Bh,).
+    (B, 2, 2); ``layers`` (B,) 0 (host pixels), 1 or 2; ``mix`` (B,) mixup's ratio; ``gains`` (B, 3) float64, the
+    HSV jitter's, and ``hsv`` (B,) whether it applies; ``flip`` (B, 2) up-down, left-right; ``host`` (Bh, H, W, 3)
+    with their ``host_pos`` (Bh,).
     """
 
     size: tuple[int, int]
@@ -295,7 +295,7 @@ class PlanBatch:
     split: Tensor
     layers: Tensor
     mix: Tensor
-    luts: Tensor
+    gains: Tensor
     hsv: Tensor
     flip: Tensor
     host: Tensor
@@ -377,8 +377,6 @@ def collate_plans(
     host = _empty((len(hosts), *size, 3), torch.uint8)
     for j, b in enumerate(hosts):
         host[j] = torch.from_numpy(batch[b].host)
-    identity = np.arange(256, dtype=np.uint8)
-    luts = np.stack([p.luts if p.luts is not None else np.stack([identity] * 3) for p in batch])
     labels = [p.labels for p in batch]
     for i, lb in enumerate(labels):
         lb[:, 0] = i
@@ -392,8 +390,8 @@ def collate_plans(
         split=torch.from_numpy(split),
         layers=torch.tensor([0 if p.host is not None else len(p.layers) for p in batch], dtype=torch.int64),
         mix=torch.tensor([p.mix for p in batch], dtype=torch.float64),
-        luts=torch.from_numpy(luts),
-        hsv=torch.tensor([p.luts is not None for p in batch]),
+        gains=torch.tensor([(1.0, 1.0, 1.0) if p.gains is None else p.gains for p in batch], dtype=torch.float64),
+        hsv=torch.tensor([p.gains is not None for p in batch]),
         flip=torch.tensor([[p.flip_ud, p.flip_lr] for p in batch], dtype=torch.bool).reshape(n, 2),
         host=host,
         host_pos=torch.tensor(hosts, dtype=torch.int64),

@@ -43,6 +43,7 @@ __all__ = [
     "compose",
     "decode_jpegs",
     "hsv_lut",
+    "hsv_tables",
     "orient_hw",
     "resize_tiles",
     "warp_layers",
@@ -317,6 +318,16 @@ def _hsv_to_rgb(hsv: Tensor) -> Tensor:
         sector < 1, t0, torch.where(sector == 1, t2, torch.where(sector <= 3, t1, torch.where(sector == 4, t3, t0)))
     )
     return torch.stack((r, g, b), -1).mul_(255.0).trunc_().clamp_(0, 255).to(torch.uint8)
+
+
+def hsv_tables(gains: Tensor) -> Tensor:
+    """v7.0's lookup tables of the HSV jitter for (N, 3) float64 gains: (N, 3, 256) uint8, ``floor(x * r)`` with the
+    hue modulo 180 and S and V clipped to 255 (float64 as NumPy computes them in ``augment_hsv``; the hue through
+    ``fmod``, which is NumPy's ``%`` on positive numbers)."""
+    x = torch.arange(256, dtype=torch.float64, device=gains.device)
+    scaled = x * gains[:, :, None]
+    hue = torch.fmod(scaled[:, :1], float(_HUE_RANGE))
+    return torch.cat((hue, scaled[:, 1:].clamp(0, 255)), 1).to(torch.uint8)
 
 
 def hsv_lut(img: Tensor, luts: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> Tensor:
