@@ -248,3 +248,47 @@ def test_loss_growth_probe_reports_the_largest_rise(tmp_path):
     r = _script("loss_growth_probe.py", *common, *lr0, f"hydra.run.dir={tmp_path / 'b'}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert float(r.stdout.strip().splitlines()[-1].split(": ")[1].split(" x")[0]) > 10
+
+
+def _bench_input(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """bench_input.py at tiny settings: 8 small JPEGs, 64 px, batch 4, one timed batch, no workers, on the CPU."""
+    return _script(
+        "bench_input.py", "--root", str(tmp_path / "syn"), "--num-train", "8", "--min-side", "64", "--max-side", "96",
+        "--imgsz", "64", "--batch", "4", "--batches", "1", "--warmup", "0", "--workers", "0", "--rounds", "1",
+        "--device", "cpu", "--json", str(tmp_path / "input.json"), *args,
+    )  # fmt: skip
+
+
+@pytest.mark.bench
+def test_bench_input_times_each_input_path_and_skips_a_missing_reference(tmp_path):
+    """Every yolo5l row is measured and printed, with the workers' CPU ratio; a missing reference venv skips its row
+    with one line that says how to make it."""
+    r = _bench_input(tmp_path, "--ref-python", str(tmp_path / "no-venv" / "python"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "input.json").read_text())
+    rows = report["rows"]
+    assert list(rows) == ["v7.0 loader", "host", "device: workers", "device: pixels on cpu", "device: end to end"]
+    assert rows["v7.0 loader"]["best"] is None
+    for name in ("host", "device: workers", "device: pixels on cpu", "device: end to end"):
+        best = rows[name]["best"]
+        assert best["img_s"] > 0
+        assert best["images"] == 4
+    assert rows["device: pixels on cpu"]["best"]["worker_cpu_s_per_img"] is None  # no workers in that row
+    assert "the CPU stands in for a GPU" in r.stdout
+    table = [ln.split("|")[1].strip() for ln in r.stdout.splitlines() if ln.startswith("| ")][1:]
+    assert table == ["host", "device: workers", "device: pixels on cpu", "device: end to end"]
+    assert "device workers' CPU s/img / host workers' CPU s/img = " in r.stdout
+    (skip,) = [ln for ln in r.stdout.splitlines() if ln.startswith("v7.0 loader: skipped")]
+    assert "not found" in skip
+    assert "yolov5==7.0.14" in skip
+
+
+@pytest.mark.bench
+@pytest.mark.skipif(not (REPO / ".refvenv" / "bin" / "python").exists(), reason="needs .refvenv (yolov5==7.0.14)")
+def test_bench_input_runs_the_v7_loader_beside_yolo5l(tmp_path):
+    r = _bench_input(tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = json.loads((tmp_path / "input.json").read_text())["rows"]["v7.0 loader"]["best"]
+    assert ref["img_s"] > 0
+    assert ref["images"] == 4
+    assert any(ln.startswith("| v7.0 loader |") for ln in r.stdout.splitlines())
