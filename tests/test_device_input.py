@@ -61,10 +61,10 @@ def render_items(ds: YOLODataset, keys, device_input: DeviceInput | None = None)
     return plans, images.permute(0, 2, 3, 1).numpy(), targets
 
 
-def reference_sample(ds: YOLODataset, index: int, key) -> tuple[np.ndarray, np.ndarray] | None:
+def reference_sample(ds: YOLODataset, index: int, key) -> tuple[np.ndarray, np.ndarray]:
     """Sample (index, key) as ultralytics/yolov5 v7.0 makes it, the draws in ``YOLODataset._item``'s order: the
-    canvas mosaic (or the letterbox + warp), mixup, the albumentations gate (None when a transform fires: the host
-    makes those), HSV through v7.0's tables, the flips. Returns (image, labels (n, 5) normalised)."""
+    canvas mosaic (or the letterbox + warp), mixup, albumentations, HSV through v7.0's tables, the flips. Returns
+    (image, labels (n, 5) normalised)."""
     h = ds.hyp
     rng = sample_rng(index, key)
     if rng.random() < h["mosaic"]:
@@ -77,9 +77,7 @@ def reference_sample(ds: YOLODataset, index: int, key) -> tuple[np.ndarray, np.n
         img, labels = reference_random_perspective(img, labels, **geometry, rng=rng)
     if len(labels):
         labels[:, 1:5] = xyxy_to_xywhn(labels[:, 1:5], img.shape[1], img.shape[0], clip=True)
-    if ds.albumentations.draw(rng).any():
-        return None
-    img = np.ascontiguousarray(img)
+    img = np.ascontiguousarray(ds.albumentations(img, rng=rng))
     reference_augment_hsv(img, h["hsv_h"], h["hsv_s"], h["hsv_v"], rng=rng)
     if rng.random() < h["flipud"]:
         img = aug.flip_ud(img, labels)
@@ -271,11 +269,10 @@ def compare_samples(index, keys, source="bytes", cache="none", cache_dir=None, *
         assert path == plan.path
         assert shapes == plan.shapes
         assert torch.equal(targets[targets[:, 0] == b, 1:], labels[:, 1:])
-        ref = reference_sample(host, i, key)
-        if ref is None:  # an albumentations transform fired: the host made it
-            assert plan.host is not None
+        if plan.host is not None:  # CLAHE fired: the host made it, as the host path does
+            assert np.array_equal(images[b], host[(i, True, key)][0].permute(1, 2, 0).numpy())
             continue
-        assert plan.host is None  # only the samples albumentations touches come from the host
+        ref = reference_sample(host, i, key)
         assert np.array_equal(ref[1], labels[:, 1:].numpy())
         diffs.append(np.abs(images[b].astype(int) - ref[0]))
     assert len(diffs) >= 0.75 * len(keys)
@@ -306,21 +303,73 @@ def test_device_samples_with_hsv_are_the_host_paths(index, hyp):
     assert max(d.mean() for d in diffs) < 0.5
 
 
-def test_albumentations_and_copy_paste_samples_are_made_on_the_host(index):
-    """A sample an albumentations transform touches, or copy-paste edits, comes whole from the host path: the same
-    pixels as the host's item of the same key."""
+def test_albumentations_on_the_device_and_clahe_and_copy_paste_on_the_host(index):
+    """Blur, MedianBlur and ToGray are made on the device (their draws as the host's); a sample CLAHE touches, or that
+    copy-paste edits, comes whole from the host path."""
     ds = make_ds(index, "bytes")
     ds.albumentations = aug.Albumentations(p=0.3)
     host = make_ds(index)
     host.albumentations = aug.Albumentations(p=0.3)
     plans, images, _ = render_items(ds, KEYS[:24])
-    made_on_host = [b for b, p in enumerate(plans) if p.host is not None]
-    assert 8 < len(made_on_host) < 24  # 1 - 0.7^4 = 76% expected
-    for b in made_on_host:
+    on_device = [b for b, p in enumerate(plans) if p.host is None and any(p.albu)]
+    on_host = [b for b, p in enumerate(plans) if p.host is not None]
+    assert len(on_device) >= 6  # 1 - 0.7^3 = 66% touched on the device
+    assert len(on_host) >= 3  # CLAHE: 30%
+    assert {k for b in on_device for k, v in zip(("blur", "median", "grey"), plans[b].albu) if v} == {
+        "blur", "median", "grey"}  # fmt: skip
+    for b in on_host:
         i, key = KEYS[b]
         assert np.array_equal(images[b], host[(i, True, key)][0].permute(1, 2, 0).numpy())
+    for b in on_device:
+        i, key = KEYS[b]
+        ref, labels = reference_sample(host, i, key)
+        assert np.array_equal(labels, plans[b].labels[:, 1:].numpy())
+        diff = np.abs(images[b].astype(int) - ref)
+        assert diff.mean() < 0.2  # rounding before a blur spreads; the hue amplifies a level now and then
     plans, images, _ = render_items(make_ds(index, "bytes", copy_paste=0.5), KEYS[:6])
     assert all(p.host is not None for p in plans)
+
+
+def test_device_albumentations_are_opencvs():
+    """Blur and MedianBlur (3, 5, 7) and ToGray on the device against cv2.blur, cv2.medianBlur and cv2.cvtColor
+    (albumentations' calls), equal; ToGray on every 8-bit colour."""
+    rng = np.random.default_rng(6)
+    img = cv2.GaussianBlur(rng.integers(0, 256, (2, 37, 53, 3), dtype=np.uint8)[0], (0, 0), 1.0)
+    img[5:20, 8:30] = 255
+    img[25:, :10] = 0
+    t = torch.from_numpy(img)[None]
+    for k in (3, 5, 7):
+        assert np.array_equal(render.box_blur(t, k)[0].numpy(), cv2.blur(img, (k, k)))
+        assert np.array_equal(render.median_blur(t, k)[0].numpy(), cv2.medianBlur(img, k))
+    r, g, b = np.meshgrid(np.arange(256), np.arange(256), np.arange(256), indexing="ij")
+    colours = np.stack([r, g, b], -1).astype(np.uint8).reshape(4096, 4096, 3)
+    grey = render.to_grey(torch.from_numpy(colours)[None])[0].numpy()
+    assert np.array_equal(grey[..., 0], cv2.cvtColor(colours, cv2.COLOR_RGB2GRAY))
+    assert np.array_equal(grey[..., 0], grey[..., 2])
+    ops = [(5, 0, 1), (0, 3, 0)]
+    both = torch.from_numpy(np.stack([img, img[::-1].copy()]))
+    got = render.albumentations(both, ops).numpy()
+    want0 = np.repeat(cv2.cvtColor(cv2.blur(img, (5, 5)), cv2.COLOR_RGB2GRAY)[..., None], 3, 2)
+    assert np.array_equal(got[0], want0)
+    assert np.array_equal(got[1], cv2.medianBlur(np.ascontiguousarray(img[::-1]), 3))
+
+
+def test_albumentations_device_draws_are_the_calls():
+    """device_ops draws what a call draws, in the same order: the generator is left in the same state, and the
+    kernels are the ones the call applies (CLAHE: None, the host makes those)."""
+    a = aug.Albumentations(p=0.4)
+    img = np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    seen = set()
+    for k in range(200):
+        r1, r2 = np.random.default_rng(k), np.random.default_rng(k)
+        ops = a.device_ops(r1)
+        out = a(img, rng=r2)
+        if ops is None:
+            continue
+        assert r1.bit_generator.state == r2.bit_generator.state
+        assert np.array_equal(render.albumentations(torch.from_numpy(img)[None], [ops])[0].numpy(), out)
+        seen.update(v for v in ops[:2] if v)
+    assert seen == {3, 5, 7}
 
 
 @pytest.fixture(scope="module")

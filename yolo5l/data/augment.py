@@ -307,6 +307,24 @@ class Albumentations:
         transforms = self.transform.transforms
         return rng.random(len(transforms)) < [t.p for t in transforms]
 
+    def device_ops(self, rng: Rng) -> tuple[int, int, int] | None:
+        """The draws of a call with ``rng``, without the image: ``(blur kernel, median kernel, grey)`` of the
+        transforms that fire (0 for those that do not), which a device applies as ``cv2.blur``,
+        ``cv2.medianBlur`` and ``cv2.cvtColor(RGB2GRAY)`` do (``yolo5l.data.render``); None when CLAHE fires,
+        whose LAB round trip only the host makes. ``rng`` is left as the call would leave it."""
+        fire = self.draw(rng)
+        if not fire.any():
+            return 0, 0, 0
+        if fire[3]:
+            return None
+        self.transform.set_random_state(rng, random.Random(int(rng.integers(2**63))))
+        blur, median, _, _ = self.transform.transforms
+        return (
+            blur.get_params()["kernel"] if fire[0] else 0,
+            median.get_params()["kernel"] if fire[1] else 0,
+            int(fire[2]),
+        )
+
     def __call__(self, img: np.ndarray, rng: Rng | None = None) -> np.ndarray:
         """Apply the transforms to ``img``; with ``rng`` every draw of this call comes from it."""
         if rng is None:

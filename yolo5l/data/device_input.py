@@ -239,7 +239,7 @@ class DeviceInput:
             luts = render.hsv_tables(dev.gains)
             render.compose(
                 flat, table, dev.inv, dev.split, dev.flip, layers, dev.mix, plan.hsv.tolist(), luts, out,
-                perspective, self.max_pixels, self.backend,
+                perspective, self.max_pixels, self.backend, [tuple(a) for a in plan.albu.tolist()],
             )  # fmt: skip
         if len(plan.host_pos):
             out[plan.host_pos.to(self.device)] = dev.host

@@ -8,8 +8,9 @@ matrix, then mixup's ratio, the HSV gains and the flips. The images travel as th
 cache; JPEGs a GPU decodes), as the part of the resized image the output reads (a RAM or disk cache, and the
 images a GPU does not decode: PNG, greyscale, CMYK, progressive JPEG), or as an index into the device cache.
 
-A sample that an albumentations transform touches (~4% with v7.0's p), or that copy-paste edits, or one of
-rectangular training, is made on the host instead, by replaying its generator from the start: its pixels travel.
+A sample that CLAHE touches (~1% with v7.0's p; the other albumentations transforms are made on the device), or
+that copy-paste edits, or one of rectangular training, is made on the host instead, by replaying its generator from
+the start: its pixels travel.
 :func:`collate_plans` packs a batch into one :class:`PlanBatch` of flat tensors (in shared memory in a worker);
 :mod:`yolo5l.data.render` and :mod:`yolo5l.data.device_input` make the images.
 """
@@ -79,6 +80,7 @@ class SamplePlan:
     layers: list[Layer] = field(default_factory=list)
     mix: float = -1.0
     gains: np.ndarray | None = None  # HSV gains (3,) float64, or None: no HSV draw
+    albu: tuple[int, int, int] = (0, 0, 0)  # albumentations' blur and median kernels and grey (0: not fired)
     flip_ud: bool = False
     flip_lr: bool = False
     host: np.ndarray | None = None
@@ -239,7 +241,8 @@ def plan_item(
     nl = len(labels)
     if nl:
         labels[:, 1:5] = xyxy_to_xywhn(labels[:, 1:5], size[1], size[0], clip=True)
-    if ds.albumentations is not None and ds.albumentations.draw(rng).any():
+    albu = (0, 0, 0) if ds.albumentations is None else ds.albumentations.device_ops(rng)
+    if albu is None:  # CLAHE
         return None
     gains = aug.hsv_gains(h["hsv_h"], h["hsv_s"], h["hsv_v"], rng)
     flip_ud = bool(rng.random() < h["flipud"])
@@ -251,7 +254,7 @@ def plan_item(
     out = torch.zeros((nl, 6), dtype=torch.float32)
     if nl:
         out[:, 1:] = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
-    return SamplePlan(out, ds.im_files[index], shapes, size, layers, mix, gains, flip_ud, flip_lr)
+    return SamplePlan(out, ds.im_files[index], shapes, size, layers, mix, gains, albu, flip_ud, flip_lr)
 
 
 # --------------------------------------------------------------------------------------------- batch
@@ -282,7 +285,8 @@ class PlanBatch:
     ``tiles`` (T, 10) int64 rows of :data:`TILE_COLUMNS`; ``slots`` (B, 2, 4, 7) int64 rows of :data:`SLOT_COLUMNS`
     per sample, layer and quadrant (tile -1: empty); ``inv`` (B, 2, 3, 3) the output-to-canvas matrices; ``split``
     (B, 2, 2); ``layers`` (B,) 0 (host pixels), 1 or 2; ``mix`` (B,) mixup's ratio; ``gains`` (B, 3) float64, the
-    HSV jitter's, and ``hsv`` (B,) whether it applies; ``flip`` (B, 2) up-down, left-right; ``host`` (Bh, H, W, 3)
+    HSV jitter's, and ``hsv`` (B,) whether it applies; ``albu`` (B, 3) albumentations' draws (``SamplePlan.albu``);
+    ``flip`` (B, 2) up-down, left-right; ``host`` (Bh, H, W, 3)
     with their ``host_pos`` (Bh,).
     """
 
@@ -297,6 +301,7 @@ class PlanBatch:
     mix: Tensor
     gains: Tensor
     hsv: Tensor
+    albu: Tensor
     flip: Tensor
     host: Tensor
     host_pos: Tensor
@@ -367,12 +372,11 @@ def collate_plans(
                 slots[b, k, q] = (t, *rect)
     jpeg, jpeg_off = _pack(jpeg_data)
     pixels, pixel_off = _pack(pixel_data)
-    tiles = torch.tensor(rows, dtype=torch.int64).reshape(-1, len(TILE_COLUMNS))
-    for r in tiles:  # the data lists' positions -> offsets in the flat buffers
-        if r[0] == _JPEG:
-            r[1] = jpeg_off[int(r[1])]
-        elif r[0] == _PIXELS:
-            r[1] = pixel_off[int(r[1])]
+    table = np.array(rows, dtype=np.int64).reshape(-1, len(TILE_COLUMNS))
+    for kind, offsets in ((_JPEG, jpeg_off), (_PIXELS, pixel_off)):  # data list positions -> flat buffer offsets
+        of_kind = table[:, 0] == kind
+        table[of_kind, 1] = np.asarray(offsets, dtype=np.int64)[table[of_kind, 1]]
+    tiles = torch.from_numpy(table)
     hosts = [b for b, p in enumerate(batch) if p.host is not None]
     host = _empty((len(hosts), *size, 3), torch.uint8)
     for j, b in enumerate(hosts):
@@ -390,8 +394,9 @@ def collate_plans(
         split=torch.from_numpy(split),
         layers=torch.tensor([0 if p.host is not None else len(p.layers) for p in batch], dtype=torch.int64),
         mix=torch.tensor([p.mix for p in batch], dtype=torch.float64),
-        gains=torch.tensor([(1.0, 1.0, 1.0) if p.gains is None else p.gains for p in batch], dtype=torch.float64),
+        gains=torch.from_numpy(np.array([(1.0, 1.0, 1.0) if p.gains is None else p.gains for p in batch])),
         hsv=torch.tensor([p.gains is not None for p in batch]),
+        albu=torch.tensor([p.albu for p in batch], dtype=torch.int64).reshape(n, 3),
         flip=torch.tensor([[p.flip_ud, p.flip_lr] for p in batch], dtype=torch.bool).reshape(n, 2),
         host=host,
         host_pos=torch.tensor(hosts, dtype=torch.int64),

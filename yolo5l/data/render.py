@@ -12,6 +12,8 @@ are those of the host path (`yolo5l.data.dataset`) within a grey level of roundi
   covers its canvas pixel, or 114 (OpenCV 4.11+'s float coordinates and weights). Flips reverse the output's rows
   or columns, as ``cv2.flip`` after the warp does.
 - :func:`blend_mixup`: v7.0's ``mixup``, ``(im * r + im2 * (1 - r)).astype(uint8)`` in float32.
+- :func:`albumentations`: v7.0's Blur, MedianBlur and ToGray (``cv2.blur``, ``cv2.medianBlur``,
+  ``cv2.cvtColor(RGB2GRAY)``), equal to OpenCV's; CLAHE stays on the host.
 - :func:`hsv_lut`: v7.0's ``augment_hsv``: OpenCV's 8-bit RGB -> HSV (its integer tables), the three lookup tables
   the worker computed from the sample's gains, and OpenCV's 8-bit HSV -> RGB (its vector path: float32, a fused
   multiply-add, truncation), equal to ``cv2.cvtColor`` on every 8-bit colour. (OpenCV converts the last
@@ -39,13 +41,17 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_MAX_PIXELS",
     "FILL",
+    "albumentations",
     "blend_mixup",
+    "box_blur",
     "compose",
     "decode_jpegs",
     "hsv_lut",
     "hsv_tables",
+    "median_blur",
     "orient_hw",
     "resize_tiles",
+    "to_grey",
     "warp_layers",
 ]
 
@@ -57,6 +63,7 @@ _COEF_BITS = 11  # OpenCV's INTER_RESIZE_COEF_BITS: 8-bit bilinear resize weight
 _COEF_ONE = 1 << _COEF_BITS
 _HSV_SHIFT = 12  # OpenCV's hsv_shift: the fixed point of its 8-bit RGB -> HSV tables
 _HUE_RANGE = 180
+_GREY_R, _GREY_G, _GREY_B, _GREY_SHIFT = 9798, 19235, 3735, 15  # OpenCV's 8-bit RGB -> grey: 0.299, 0.587, 0.114
 _ROTATED = (5, 6, 7, 8)  # EXIF orientations that swap height and width
 
 
@@ -346,6 +353,46 @@ def hsv_lut(img: Tensor, luts: Tensor, max_pixels: int = DEFAULT_MAX_PIXELS) -> 
     return out
 
 
+def to_grey(img: Tensor) -> Tensor:
+    """albumentations' ToGray (``cv2.cvtColor(RGB2GRAY)``, repeated to 3 channels) of (N, H, W, 3) uint8: OpenCV's
+    8-bit weights, 15-bit fixed point, equal on every colour."""
+    p = img.long()
+    grey = (p[..., 0] * _GREY_R + p[..., 1] * _GREY_G + p[..., 2] * _GREY_B + (1 << (_GREY_SHIFT - 1))) >> _GREY_SHIFT
+    return grey.to(torch.uint8)[..., None].expand_as(img).contiguous()
+
+
+def box_blur(img: Tensor, k: int) -> Tensor:
+    """albumentations' Blur (``cv2.blur`` with a k x k box) of (N, H, W, 3) uint8: the window's sum / k^2 rounded
+    half to even, the border reflected without its edge pixel (OpenCV's BORDER_REFLECT_101)."""
+    x = torch.nn.functional.pad(img.permute(0, 3, 1, 2).float(), (k // 2,) * 4, mode="reflect")
+    sums = torch.nn.functional.avg_pool2d(x, k, stride=1, divisor_override=1)  # exact: integers below 2^24
+    return torch.round(sums.double() / (k * k)).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+def median_blur(img: Tensor, k: int) -> Tensor:
+    """albumentations' MedianBlur (``cv2.medianBlur``, k x k) of (N, H, W, 3) uint8: each channel's window median, the
+    border replicated as OpenCV does."""
+    x = torch.nn.functional.pad(img.permute(0, 3, 1, 2).float(), (k // 2,) * 4, mode="replicate").to(torch.uint8)
+    windows = x.unfold(2, k, 1).unfold(3, k, 1)  # (N, 3, H, W, k, k)
+    return windows.reshape(*windows.shape[:4], k * k).median(-1).values.permute(0, 2, 3, 1).contiguous()
+
+
+def albumentations(img: Tensor, ops: Sequence[tuple[int, int, int]]) -> Tensor:
+    """v7.0's albumentations of (N, H, W, 3) uint8 images, in its order (Blur, MedianBlur, ToGray), per image
+    ``(blur kernel, median kernel, grey)`` as ``augment.Albumentations.device_ops`` draws them (0: not fired)."""
+    out = []
+    for k, (blur, median, grey) in enumerate(ops):
+        x = img[k : k + 1]
+        if blur:
+            x = box_blur(x, blur)
+        if median:
+            x = median_blur(x, median)
+        if grey:
+            x = to_grey(x)
+        out.append(x)
+    return torch.cat(out) if out else img
+
+
 _DIV_TABLES: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
 
@@ -374,6 +421,7 @@ def compose(
     perspective: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     backend: str = "auto",
+    albu: Sequence[tuple[int, int, int]] | None = None,
 ) -> None:
     """Make a batch's samples into ``out`` (B, H, W, 3) uint8: each sample's layers warped (:func:`warp_layers`),
     mixup's two layers blended (:func:`blend_mixup`), the HSV tables applied (:func:`hsv_lut`) and the flips.
@@ -385,8 +433,21 @@ def compose(
         mix: (B,) float64 mixup ratios. hsv: per sample whether its tables apply (host). luts: (B, 3, 256) uint8.
         perspective: some matrix is a homography.
         backend: one of :data:`BACKENDS`.
+        albu: per sample the albumentations ops (:func:`albumentations`), applied after mixup, before HSV.
     """
     device = out.device
+    touched = [b for b in range(len(layers)) if layers[b] and albu is not None and any(albu[b])]
+    if touched:  # the few samples albumentations touches: warped here, then blurred / greyed, then jittered
+        untouched_hsv = [h and b not in touched for b, h in enumerate(hsv)]
+        compose(flat, slots, inv, split, flip, layers, mix, untouched_hsv, luts, out, perspective, max_pixels, backend)
+        at = torch.tensor(touched, device=device)
+        imgs = albumentations(out[at], [albu[b] for b in touched])
+        jitter = [k for k, b in enumerate(touched) if hsv[b]]
+        if jitter:
+            jk = torch.tensor(jitter, device=device)
+            imgs[jk] = hsv_lut(imgs[jk], luts[at[jk]], max_pixels)
+        out[at] = imgs
+        return
     if _triton(backend, device):
         from yolo5l_kernels import _triton_input
 
