@@ -109,6 +109,7 @@ class ImageCache:
             raise ValueError(f"data.cache of a host image cache must be one of {HOST_CACHE_MODES}, got {mode!r}")
         self.im_files = list(im_files)
         self.shapes = np.asarray(shapes)
+        self._resized: list[tuple[int, int]] | None = None
         self.imgsz = int(imgsz)
         self.augment = augment
         self.reduced_decode = reduced_decode
@@ -129,8 +130,9 @@ class ImageCache:
 
     def resized_hw(self, i: int) -> tuple[int, int]:
         """(h, w) of image ``i`` once resized."""
-        h0, w0 = self.shapes[i]
-        return resized_shape(int(h0), int(w0), self.imgsz)
+        if self._resized is None:  # every image's, once: a sample asks for 4 to 8 of them
+            self._resized = [resized_shape(int(h0), int(w0), self.imgsz) for h0, w0 in self.shapes.tolist()]
+        return self._resized[i]
 
     def nbytes(self, indices: Sequence[int]) -> int:
         """Bytes of the resized uint8 RGB images at ``indices``."""

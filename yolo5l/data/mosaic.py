@@ -79,12 +79,19 @@ def mosaic4_labels(
         shapes_hw: The images' (h, w).
         layout: :func:`mosaic4_layout` of them.
     """
-    out = []
-    for lab, (h, w), ((x1a, y1a, _, _), (x1b, y1b, _, _)) in zip(labels, shapes_hw, layout, strict=True):
-        if len(lab):  # the image's origin lands at (x1a - x1b, y1a - y1b) on the canvas
-            box = xywhn_to_xyxy(lab[:, 1:5], w, h, x1a - x1b, y1a - y1b)
-            out.append(np.concatenate([lab[:, :1], box], 1))
-    lab4 = np.concatenate(out, 0).astype(np.float32) if out else np.zeros((0, 5), np.float32)
+    counts = [len(lab) for lab in labels]
+    if not sum(counts):
+        return np.zeros((0, 5), np.float32)
+    lab = np.concatenate(labels, 0)
+    # per box its image's (w, h) and where the image's origin lands on the canvas: (x1a - x1b, y1a - y1b)
+    geometry = [
+        (w, h, x1a - x1b, y1a - y1b)
+        for (h, w), ((x1a, y1a, _, _), (x1b, y1b, _, _)) in zip(shapes_hw, layout, strict=True)
+    ]
+    w, h, padw, padh = np.repeat(np.asarray(geometry, dtype=np.float32), counts, axis=0).T  # exact, as float32 math
+    lab4 = np.empty((len(lab), 5), np.float32)
+    lab4[:, 0] = lab[:, 0]
+    lab4[:, 1:] = xywhn_to_xyxy(lab[:, 1:5], w, h, padw, padh)
     np.clip(lab4[:, 1:], 0, 2 * s, out=lab4[:, 1:])
     return lab4
 

@@ -17,6 +17,7 @@ the start: its pixels travel.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -87,6 +88,22 @@ class SamplePlan:
 
 
 # --------------------------------------------------------------------------------------------- tiles
+def _read(path: str) -> bytes:
+    """A file's bytes: one open, one sized read (no buffered reader)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        while len(data) < size:  # a read may return less than asked (network file systems)
+            more = os.read(fd, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
+
+
 class TileReader:
     """Turns (image index, the part of it the output reads) into a :class:`Tile`, for a dataset whose tiles travel
     as ``source`` (one of :data:`TILE_SOURCES`). JPEG headers are parsed from the bytes once per worker."""
@@ -103,8 +120,7 @@ class TileReader:
         if self.source == "cache":
             return Tile(_CACHE, i, hw)
         if self.source == "bytes" and self._gpu_decodable.get(i, ()) is not None:
-            with open(self.ds.im_files[i], "rb") as f:
-                data = f.read()
+            data = _read(self.ds.im_files[i])
             if i not in self._gpu_decodable:
                 header = read_jpeg_header(data)
                 ok = header is not None and header.gpu_decodable
@@ -251,10 +267,11 @@ def plan_item(
     flip_lr = bool(rng.random() < h["fliplr"])
     if flip_lr and nl:
         labels[:, 1] = 1 - labels[:, 1]
-    out = torch.zeros((nl, 6), dtype=torch.float32)
-    if nl:
-        out[:, 1:] = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32))
-    return SamplePlan(out, ds.im_files[index], shapes, size, layers, mix, gains, albu, flip_ud, flip_lr)
+    out = np.zeros((nl, 6), dtype=np.float32)
+    out[:, 1:] = labels
+    return SamplePlan(
+        torch.from_numpy(out), ds.im_files[index], shapes, size, layers, mix, gains, albu, flip_ud, flip_lr
+    )
 
 
 # --------------------------------------------------------------------------------------------- batch
