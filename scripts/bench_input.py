@@ -325,6 +325,8 @@ def cpu_ratio(best: dict[str, dict[str, Any]]) -> float | None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.warmup is None:  # each worker's first batch carries its start-up (and its first reads of the headers)
+        args.warmup = max(1, args.workers)
     if args.batches < 1 or args.warmup < 0 or args.rounds < 1:
         parser.error("--batches and --rounds must be at least 1, --warmup at least 0")
     if args.device is None:
@@ -410,8 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of every row")
-    p.add_argument("--warmup", type=int, default=1, help="untimed batches first (worker start-up)")
-    p.add_argument("--batches", type=int, default=4, help="timed batches per row and round")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed batches first (each worker's start-up; default: one per worker, at least 1)",
+    )
+    p.add_argument("--batches", type=int, default=8, help="timed batches per row and round")
     p.add_argument("--rounds", type=int, default=2, help="alternating runs of the rows; the best one is reported")
     p.add_argument("--device", default=None, help="the device rows' device (default: cuda if available, else cpu)")
     p.add_argument("--device-batch", type=int, default=None,
