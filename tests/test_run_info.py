@@ -59,6 +59,24 @@ def test_start_up_block_rows(tmp_path):
     assert rows["devices"] == "1 cpu   [trainer=cpu]"
     assert rows["data"].endswith("s/data.yaml, 4 classes   [command line]")
     assert rows["workers"] == "0 per device   [experiment=smoke]"
+    assert rows["pipeline"] == "host: images decoded and augmented in the training process   [auto: not CUDA]"
+
+
+def test_start_up_block_says_which_input_path_and_cache(tmp_path):
+    """The device path on the device the run trains on; a device cache the host path cannot use, and why."""
+    from hydra.core.hydra_config import HydraConfig
+
+    base = ["experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.imgsz=64"]
+    cfg = compose_config([*base, "data.pipeline=device", "data.cache=device"], output_dir=tmp_path / "a")
+    datamodule, module, trainer = build(cfg)
+    rows = training_rows(cfg, datamodule, module, trainer, HydraConfig.get())
+    assert rows["pipeline"] == "device: images decoded and augmented on cpu   [command line]"
+    assert rows["cache"] == "device   [command line]"
+    cfg = compose_config([*base, "data.cache=device", "data.num_workers=2"], output_dir=tmp_path / "b")
+    datamodule, module, trainer = build(cfg)
+    rows = training_rows(cfg, datamodule, module, trainer, HydraConfig.get())
+    assert rows["pipeline"] == "host: images decoded and augmented by 2 workers   [auto: not CUDA]"
+    assert rows["cache"] == "ram   [data.cache=device needs data.pipeline=device]"
 
 
 def test_more_cpu_processes_than_cores_is_a_warning():

@@ -160,8 +160,11 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     auto_workers = "auto: the CPU's cores go to compute" if on_cpu else "auto: its CPU cores less one"
     pipeline, cache, pipeline_why = datamodule.resolve_input(trainer.strategy.root_device)
     cache_why = "data.cache=device needs data.pipeline=device" if cache != str(cfg.data.cache) else None
-    where = trainer.strategy.root_device if pipeline == "device" else f"{workers} worker{'s' * (workers != 1)}"
-    pipeline_text = f"{pipeline}: images decoded and augmented on {where}"
+    if pipeline == "device":
+        where = f"on {trainer.strategy.root_device}"
+    else:
+        where = f"by {workers} worker{'s' * (workers != 1)}" if workers else "in the training process"
+    pipeline_text = f"{pipeline}: images decoded and augmented {where}"
     spec = datamodule.spec
     data = shown_path(spec.file) if spec.file is not None else "(a mapping)"
     precision = str(trainer.precision)
