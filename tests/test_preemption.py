@@ -211,6 +211,23 @@ def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthet
     _assert_same_training_state(uninterrupted(), _load(last))
 
 
+def test_device_pipeline_preempted_and_resumed_ends_as_its_uninterrupted_run(tmp_path, synthetic):
+    """The device input path makes each batch one ahead of the step: a run stopped by SIGTERM inside an epoch (the
+    batch made ahead never trained) and resumed with its 2 workers ends bit-identical to the same run never stopped."""
+    device = ("data.pipeline=device", "data.num_workers=2", "data.persistent_workers=true")
+    straight = _train(tmp_path / "straight", synthetic, *COMMON, *device)
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    rc, _, err = _wait(_train(run, synthetic, *COMMON, *device, *_signal_args(0, 1, "SIGTERM")))
+    assert rc == 128 + signal.SIGTERM, err[-3000:]
+    assert _load(last)["YOLODataModule"] == {"train_epoch": 0, "train_batches_done": 2}
+    rc, _, err = _wait(_resume(last))
+    assert rc == 0, err[-3000:]
+    rc, _, err = _wait(straight)
+    assert rc == 0, err[-3000:]
+    _assert_same_training_state(_load(tmp_path / "straight" / "checkpoints" / "last.ckpt"), _load(last))
+
+
 # ---- parts ---------------------------------------------------------------------------------------------------------
 def test_shard_sampler_resumes_inside_an_epoch():
     from yolo5l.data.datamodule import ShardSampler
