@@ -289,9 +289,9 @@ class YOLODataModule(LightningDataModule):
     # ----------------------------------------------------------------------------------------- input pipeline
     def train_device(self) -> torch.device:
         """The device training runs on (its rank's), as far as it is known yet."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            return trainer.strategy.root_device
+        strategy = getattr(getattr(self, "trainer", None), "strategy", None)
+        if strategy is not None:
+            return strategy.root_device
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def resolve_input(self, device: torch.device) -> tuple[str, str, str]:
