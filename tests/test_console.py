@@ -7,6 +7,7 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
+import torch
 from _clock import FakeClock, SlowItems
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader
@@ -118,6 +119,26 @@ def test_the_hint_leaves_out_what_the_data_already_does(monkeypatch):
     text = _advice(half)
     assert "num_workers" in text
     assert "data.cache" not in text
+
+
+def test_the_hint_on_the_cpu_does_not_suggest_workers():
+    """On the CPU, `data.num_workers=auto` is 0 by design (the start-up block says so): the hint suggests the cache,
+    never workers or persistent workers; with the cache on it says what the time is."""
+    cpu = torch.device("cpu")
+    auto = SimpleNamespace(train_workers=lambda: 0, num_workers="auto", cache="none", persistent_workers=True,
+                           train_device=lambda: cpu)  # fmt: skip
+    text = _advice(auto)
+    assert "num_workers" not in text
+    assert "persistent" not in text
+    assert "data.cache=ram" in text
+    auto.cache = "ram"
+    assert "cache is on" in _advice(auto)
+    typed = SimpleNamespace(train_workers=lambda: 0, num_workers=0, cache="ram", persistent_workers=True,
+                            train_device=lambda: cpu)  # fmt: skip
+    assert "num_workers" in _advice(typed)  # a count typed on the command line may be raised
+    gpu = SimpleNamespace(train_workers=lambda: 8, num_workers="auto", cache="ram", persistent_workers=True,
+                          train_device=lambda: torch.device("cuda"), input_pipeline="host")  # fmt: skip
+    assert "data.pipeline=device" in _advice(gpu)
 
 
 def test_config_of_the_console_callbacks(tmp_path):

@@ -117,21 +117,24 @@ class ThroughputMonitor(Callback):
 
 
 def _advice(datamodule: Any) -> str:
-    """What to try, leaving out what the datamodule already does (unknown settings are suggested)."""
+    """What to try, leaving out what the datamodule already does (unknown settings are suggested) and what does not
+    fit the run: on the CPU, where `data.num_workers=auto` is 0 by design (the compute threads own the cores), no
+    workers are suggested."""
     workers = getattr(datamodule, "train_workers", None)
+    n_workers = workers() if callable(workers) else None
     device = datamodule.train_device() if hasattr(datamodule, "train_device") else None
+    cpu_auto = device is not None and device.type == "cpu" and str(getattr(datamodule, "num_workers", "")) == "auto"
     tips = []
     if device is not None and device.type == "cuda" and getattr(datamodule, "input_pipeline", "host") == "host":
         tips.append("decode and augment on the GPU with data.pipeline=device")
-    on_cpu = device is not None and device.type == "cpu"
-    if on_cpu and str(getattr(datamodule, "num_workers", "")) == "auto":
-        pass  # workers would take the cores the CPU's compute threads use (the start-up block says so)
-    elif not callable(workers) or workers() < (os.cpu_count() or 1):
+    if not cpu_auto and (n_workers is None or n_workers < (os.cpu_count() or 1)):
         tips.append("raise data.num_workers (one per free CPU core)")
     if getattr(datamodule, "cache_used", getattr(datamodule, "cache", "none")) == "none":
         tips.append("cache decoded images with data.cache=ram (data.cache=disk when RAM is short)")
-    if not getattr(datamodule, "persistent_workers", False):
+    if n_workers != 0 and not getattr(datamodule, "persistent_workers", False):
         tips.append("set data.persistent_workers=true")
     if tips:
         return "Try: " + "; ".join(tips) + "."
+    if cpu_auto:
+        return "On the CPU the batches are made between steps by the cores that compute them; the cache is on."
     return "Workers, cache and persistent workers are already on: the CPU cores cannot prepare batches faster."
