@@ -352,3 +352,15 @@ def test_small_validation_set_gives_every_rank_a_batch_and_counts_each_image_onc
         assert len(dm.val_dataloader()) >= 1
         shards.append(dm.val_sampler.indices.tolist())
     assert sorted(i for shard in shards for i in shard) == list(range(10))
+
+
+def test_validation_alone_scans_only_its_split(synthetic):
+    """`python -m yolo5l.val task=test` validates one split: the training split's labels are not scanned (its corrupt
+    images are not reported by a validation that never reads them); a fit scans both."""
+    dm = make_dm(synthetic)
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="validate"), strategy=None)
+    dm.prepare_data()
+    assert set(dm._indices) == {"val"}
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), strategy=None)
+    dm.prepare_data()
+    assert set(dm._indices) == {"train", "val"}

@@ -168,8 +168,7 @@ class YOLODataModule(LightningDataModule):
         if num_workers != "auto" and not (isinstance(num_workers, int) and num_workers >= 0):
             raise ValueError(f"data.num_workers must be a count >= 0 or 'auto', got {num_workers!r}")
         self.num_workers: int | str = num_workers
-        self.cache = cache
-        self.pipeline = pipeline
+        self.cache, self.pipeline = cache, pipeline
         self.device_cache_reserve = int(float(device_cache_reserve_gb) * 2**30)
         self.device_cache: DeviceCache | None = None
         self.input_pipeline, self.cache_used, self.input_reason = "host", cache, ""  # resolved in setup
@@ -241,8 +240,10 @@ class YOLODataModule(LightningDataModule):
 
     # ----------------------------------------------------------------------------------------- hooks
     def prepare_data(self) -> None:
-        """Generate the synthetic dataset if needed and build the label caches (local rank 0)."""
-        self._scan("train")
+        """Generate the synthetic dataset if needed and build the label caches (local rank 0): the training split's
+        only when fitting (a validation of the test split says nothing of the training images)."""
+        if getattr(getattr(getattr(self, "trainer", None), "state", None), "fn", "fit") == "fit":
+            self._scan("train")
         self._scan(self.val_split)
 
     def setup(self, stage: str | None = None) -> None:
@@ -308,7 +309,7 @@ class YOLODataModule(LightningDataModule):
 
     def _resolve_input(self) -> None:
         self.input_pipeline, self.cache_used, self.input_reason = self.resolve_input(self.train_device())
-        if self.cache == "device" and self.cache_used != "device":
+        if self.cache == "device" != self.cache_used:
             self._print("cache", "train: data.cache=device needs data.pipeline=device; caching in RAM instead")
 
     def _fill_train_cache(self, ds: YOLODataset) -> str:
@@ -322,8 +323,7 @@ class YOLODataModule(LightningDataModule):
 
     def device_wait_seconds(self) -> float:
         """Seconds the training step waited on the device for the device pipeline's images since the last call."""
-        loader = getattr(getattr(self, "trainer", None), "train_dataloader", None)
-        wait = getattr(loader, "device_wait_seconds", None)
+        wait = getattr(getattr(getattr(self, "trainer", None), "train_dataloader", None), "device_wait_seconds", None)
         return wait() if callable(wait) else 0.0
 
     # ----------------------------------------------------------------------------------------- checkpoints
