@@ -161,6 +161,22 @@ def test_windows_paths_in_a_data_yaml_get_the_forward_slash_hint(tmp_path):
         load_dataset_file(yaml)
 
 
+def test_a_windows_drive_path_gets_a_hint_in_this_systems_forms(tmp_path):
+    """`path: C:\\Users\\me\\datasets\\mydata` is no path here even with forward slashes: the hint names this
+    system's forms (an absolute path, or one relative to the yaml), never `C:/...`."""
+    if os.sep == "\\":
+        pytest.skip("drive paths are paths here")
+    yaml = tmp_path / "data.yaml"
+    yaml.write_text("path: C:\\Users\\me\\datasets\\mydata\ntrain: images\nval: images\nnames: [a]\n")
+    with pytest.raises(DatasetError) as e:
+        load_dataset_file(yaml)
+    message = str(e.value)
+    assert "Windows path on drive C:" in message
+    assert "'/home/me/datasets/mydata'" in message
+    assert "'datasets/mydata'" in message
+    assert "C:/" not in message
+
+
 def test_weights_gflops_probe_leaves_no_grad_state(tmp_path):
     model = YOLOv5(num_classes=2, depth=0.33, width=0.25)
     before = {k: v.clone() for k, v in model.state_dict().items()}

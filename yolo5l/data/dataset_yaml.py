@@ -214,10 +214,23 @@ def _resolve_root(data: Mapping[str, Any], file: Path | None, where: str) -> Pat
 
 
 def _backslashes(value: Any) -> str:
-    """A hint for a Windows-style path (`images\\train`, `C:\\data`) read where `/` separates folders."""
-    if os.sep == "\\" or "\\" not in str(value):
+    """A hint for a Windows-style path (`images\\train`, `C:\\data`) read where `/` separates folders: a relative
+    one written with forward slashes; one on a drive (`C:`) has no meaning here, so the hint names this system's
+    forms instead of a `C:/...` that is no path here either."""
+    text = str(value)
+    if os.sep == "\\":
         return ""
-    forward = str(value).replace("\\", "/")
+    drive = re.match(r"^([A-Za-z]):[\\/]", text)
+    if drive:
+        tail = "/".join([p for p in re.split(r"[\\/]", text[3:]) if p][-2:]) or "mydata"
+        return (
+            f" It is a Windows path on drive {drive.group(1).upper()}:, which this system does not have: name the"
+            f" folder as it is here, an absolute path such as '/home/me/{tail}' or one relative to the yaml's folder"
+            f" such as '{tail}'."
+        )
+    if "\\" not in text:
+        return ""
+    forward = text.replace("\\", "/")
     return f" Its backslashes are Windows separators: write it with forward slashes ({forward!r}), as on every system."
 
 
