@@ -29,6 +29,13 @@ def test_gflops_match_v7s_model_table(depth, width, v7_gflops):
     assert model.training  # left in the mode it was in
 
 
+@pytest.mark.parametrize(("name", "v7_gflops"), [("yolov5n6", 4.6), ("yolov5s6", 16.8)])
+def test_gflops_of_p6_models(name, v7_gflops):
+    """P6 models (largest stride 64) are probed at 64 px: v7.0's README lists 4.6 and 16.8 GFLOPs at 640."""
+    model = YOLOv5.from_name(name, num_classes=80)
+    assert model_gflops(model, 640) == pytest.approx(v7_gflops, abs=0.15)
+
+
 def test_source_of_each_value():
     overrides = ["data.imgsz=256", "trainer=cpu"]
     choices = {"experiment": "smoke", "data": "coco128", "trainer": "cpu"}

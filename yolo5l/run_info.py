@@ -78,14 +78,17 @@ def source_of(
     return None
 
 
-def model_gflops(model: Any, imgsz: int, stride: int = 32) -> float | None:
+def model_gflops(model: Any, imgsz: int, stride: int | None = None) -> float | None:
     """GFLOPs of one forward pass at `imgsz` x `imgsz`: the convolutions' multiply-adds (x 2) counted on one image
-    of the largest stride's size and scaled by area, as ultralytics/yolov5 v7.0 `utils/torch_utils.py::model_info`
-    does (every convolution's cost grows with the area of its feature map): 4.5 for yolov5n, 16.4 for yolov5s at
-    640. None when the model does not run on the probe."""
+    of the largest stride's size (`stride`; by default the model's, at least 32: 64 for P6) and scaled by area, as
+    ultralytics/yolov5 v7.0 `utils/torch_utils.py::model_info` does (every convolution's cost grows with the area of
+    its feature map): 4.5 for yolov5n, 16.4 for yolov5s at 640. None when the model does not run on the probe."""
     import torch
     from torch import nn
 
+    if stride is None:
+        strides = getattr(model, "stride", None)
+        stride = max(int(strides.max()), 32) if isinstance(strides, torch.Tensor) and strides.numel() else 32
     total = [0]
 
     def count(conv: nn.Conv2d, _inputs: Any, output: torch.Tensor) -> None:
