@@ -33,6 +33,7 @@ from yolo5l.data import mosaic as mos
 from yolo5l.data.box_format import xywhn_to_xyxy, xyxy_to_xywhn
 from yolo5l.data.jpeg_header import read_jpeg_header
 from yolo5l.data.letterbox import letterbox_layout
+from yolo5l.data.render import orient_hw
 
 __all__ = ["PIPELINES", "PlanBatch", "SamplePlan", "collate_plans", "plan_item"]
 
@@ -127,9 +128,7 @@ class TileReader:
                 stored = (header.height, header.width, header.orientation) if ok else None
                 # the label scan's size is the one the labels and the layout assume; a decoder that disagrees
                 # (an orientation in XMP only) gets the host's decode, which resizes to it
-                if stored is not None and (stored[0:2] if stored[2] < 5 else stored[1::-1]) != tuple(
-                    int(v) for v in self.ds.shapes[i]
-                ):
+                if stored is not None and orient_hw(*stored) != tuple(int(v) for v in self.ds.shapes[i]):
                     stored = None
                 self._gpu_decodable[i] = stored
             if self._gpu_decodable[i] is not None:
@@ -150,15 +149,12 @@ def _layer(
     """A layer of 4 quadrants (an image or None each) placed by ``layout``; images the output never reads are not
     loaded (as the host's direct warp), pixel tiles carry only the part of the image it reads."""
     height, width = out_hw
-    perspective = bool(M[2, 0] or M[2, 1])
-    if perspective:
+    if M[2, 0] or M[2, 1]:  # a homography's preimage of the output is not its corners' box: read whole rectangles
         inv = cv2.invert(M, flags=cv2.DECOMP_LU)[1]
-    else:
-        inv = np.vstack([cv2.invertAffineTransform(M[:2]), [0, 0, 1]])
-    if perspective:  # a homography's preimage of the output is not its corners' box: read whole rectangles
         vx1 = vy1 = -(2**30)
         vx2 = vy2 = 2**30
     else:
+        inv = np.vstack([cv2.invertAffineTransform(M[:2]), [0, 0, 1]])
         vx1, vy1, vx2, vy2 = aug.affine_bounds(inv[:2].tolist(), 0, 0, width, height)
         vx1, vy1, vx2, vy2 = vx1 - _BORDER_READ, vy1 - _BORDER_READ, vx2 + _BORDER_READ, vy2 + _BORDER_READ
     out_tiles: list[Tile | None] = []
