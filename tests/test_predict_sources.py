@@ -1,6 +1,7 @@
-"""`python -m yolo5l.predict` sources (globs, URLs, a webcam index, `.txt` stream lists, an MJPEG stream served on
-127.0.0.1, a video read as a stream) and options (classes, agnostic_nms, max_det, save_crop, hide_labels, hide_conf,
-line_thickness, half, vid_stride, visualize, save_images=false, save_txt, save_conf, augment, batch_size)."""
+"""`python -m yolo5l.predict` sources (globs, URLs, a webcam index, `.txt` lists of files and of streams, an MJPEG
+stream served on 127.0.0.1, a video read as a stream) and options (classes, agnostic_nms, max_det, save_crop,
+hide_labels, hide_conf, line_thickness, half, vid_stride, visualize, save_images=false, save_txt, save_conf, augment,
+batch_size)."""
 
 from __future__ import annotations
 
@@ -149,6 +150,84 @@ def test_a_txt_list_batches_two_streams(env, capsys):
     assert "at shape (2, 3, 64, 64)" in capsys.readouterr().out  # one frame of each stream per batch
     assert (out / "live.mp4").is_file()
     assert (out / "clip.mp4").is_file()
+
+
+def _exif_rotated(path: Path) -> Path:
+    """A JPEG stored W x H (white band on its left) with EXIF orientation 6: displayed H wide, W tall, band on top."""
+    from PIL import Image
+
+    stored = np.full((H, W, 3), 40, np.uint8)
+    stored[:, :20] = 255
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    Image.fromarray(stored).save(path, quality=95, exif=exif)
+    return path
+
+
+def test_a_txt_list_of_files_reads_them_as_the_files_themselves(env, monkeypatch):
+    import yolo5l.infer.boxes
+    from yolo5l.infer.sources import file_frames, resolve_sources
+
+    folder = env["tmp"] / "file_list"
+    folder.mkdir()
+    rotated = _exif_rotated(folder / "rotated.jpg")
+    (folder / "plain.jpg").write_bytes((env["src"] / "im1.jpg").read_bytes())
+    listing = folder / "images.txt"
+    listing.write_text(f"rotated.jpg\n# a comment\n\nplain.jpg\n{env['src']}/im2.jpg\n")  # relative to the list
+    direct = [rotated, folder / "plain.jpg", env["src"] / "im2.jpg"]
+    assert resolve_sources(str(listing), env["tmp"]) == (direct, [])
+    frame = next(file_frames(rotated, 1, []))
+    assert frame.index is None  # an image, not a one-frame video
+    assert frame.image.shape == (W, H, 3)  # EXIF applied: displayed upright
+    assert frame.image[:15].mean() > 200  # the band stored on the left is on top
+
+    real, batches = yolo5l.infer.boxes.non_max_suppression, []
+
+    def counted(prediction, *args, **kwargs):
+        batches.append(len(prediction))
+        return real(prediction, *args, **kwargs)
+
+    monkeypatch.setattr(yolo5l.infer.boxes, "non_max_suppression", counted)
+    listed, out = run(env, "file_list", f"source={listing}", "batch_size=2")
+    assert batches == [2, 1]  # batch_size images per batch, not one stream frame each
+    assert listed == run(env, "file_direct", f"source=[{','.join(map(str, direct))}]", "batch_size=2")[0]
+    assert {Path(p["image"]).name for p in listed} == {"rotated.jpg", "plain.jpg", "im2.jpg"}
+    assert not any("frame" in p for p in listed)
+    assert not list(out.glob("*.mp4"))
+    assert cv2.imread(str(out / "rotated.jpg")).shape == (W, H, 3)  # saved as an image, upright
+    assert all(p["box_xyxy"][2] <= H for p in listed if p["image"].endswith("rotated.jpg"))
+
+
+def test_a_txt_list_of_streams_stays_a_list_of_streams(env):
+    from yolo5l.infer.sources import resolve_sources
+
+    listing = env["tmp"] / "cameras.txt"
+    sources = ["0", "rtsp://127.0.0.1:9/cam", "rtmp://127.0.0.1:9/live", "http://127.0.0.1:9/live.mjpg",
+               "http://127.0.0.1:9/clip.mp4"]  # fmt: skip
+    listing.write_text("\n".join([*sources, "clip.mp4"]))  # a local video among streams is read as a stream
+    assert resolve_sources(str(listing), env["tmp"] / "none") == ([], [*sources, str(env["video"])])
+    assert not (env["tmp"] / "none").exists()  # nothing downloaded, nothing opened
+    videos = env["tmp"] / "videos.txt"
+    videos.write_text("clip.mp4\n")  # videos alone: a list of files, read frame by frame
+    assert resolve_sources(str(videos), env["tmp"]) == ([env["video"]], [])
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [("{src}/im0.jpg\nrtsp://127.0.0.1:9/cam", r"mixes files and streams: line 1 \(.*im0\.jpg\) is an image, a "
+      r"folder or a glob, line 2 \(rtsp://127\.0\.0\.1:9/cam\) a stream; put the files and the streams in two"),
+     ("0\n\n{src}", r"line 3 \(.*src\) is an image, a folder or a glob, line 1 \(0\) a stream"),
+     ("{src}/im0.jpg\ngone.jpg", r"files\.txt line 2: source '.*gone\.jpg' not found"),
+     ("{src}/*.png", r"files\.txt line 1: source '.*\*\.png' matches no images or videos")],
+)  # fmt: skip
+def test_a_txt_list_mixing_files_and_streams_or_naming_a_missing_file_is_one_line(env, lines, message):
+    from yolo5l.infer.sources import resolve_sources
+
+    listing = env["tmp"] / "files.txt"
+    listing.write_text(lines.format(src=env["src"]))
+    with pytest.raises(UserError, match=message) as e:
+        resolve_sources(str(listing), env["tmp"])
+    assert "\n" not in str(e.value)
 
 
 def test_a_video_read_as_a_stream_drops_stale_frames(env):

@@ -4,10 +4,14 @@
   those;
 - an http(s) URL of an image or a video (by its suffix): downloaded into the run folder's `downloads/` through
   `yolo5l.io.download.download` (resumed, checked, complete or absent);
-- a webcam index (`source=0`), an rtsp://, rtmp:// or http(s):// stream, or a `.txt` file listing such sources one per
-  line (files listed there, videos included, are read as streams too): each is read by its own thread, which keeps
-  only the newest frame (stale frames are dropped while the model runs), and the streams are batched together, one
-  frame of each per batch.
+- a webcam index (`source=0`), an rtsp://, rtmp:// or http(s):// stream: each stream is read by its own thread, which
+  keeps only the newest frame (stale frames are dropped while the model runs), and the streams are batched together,
+  one frame of each per batch;
+- a `.txt` list, one source per line (blank lines and `#` comments skipped; a relative path is taken from the list's
+  folder). With no stream among its lines it is a list of files, each line read as it would be on the command line
+  (EXIF orientation applied, images saved as images, `batch_size` batches), as ultralytics 8 reads a `.txt`. With a
+  stream among them it is a list of streams, as v7.0 reads every `.txt`: its video files are read as streams too, and
+  an image, a folder or a glob there is an error (put the files in a list of their own).
 
 A source that cannot be opened is one line naming it (`yolo5l.base.errors.UserError`); a file that cannot be decoded is
 reported and skipped by the caller.
@@ -72,8 +76,8 @@ def _suffix(name: str) -> str:
 
 
 def _is_stream(item: str) -> bool:
-    """v7.0's rule: a webcam index, a `.txt` list, or a URL whose path is not an image or video file."""
-    if item.isnumeric() or item.endswith(".txt"):
+    """v7.0's rule: a webcam index, or a URL whose path is not an image or video file."""
+    if item.isnumeric():
         return True
     return item.lower().startswith(STREAM_PREFIXES) and _suffix(item) not in IMAGE_SUFFIXES | VIDEO_SUFFIXES
 
@@ -85,26 +89,95 @@ def _download(url: str, folder: Path) -> Path:
     return download(url, folder / re.sub(r"[^A-Za-z0-9._+-]", "_", name), progress=False)
 
 
-def _stream_list(path: Path) -> list[str]:
-    """The sources a `.txt` list names, one per line (blank lines and `#` comments skipped); relative file paths are
-    taken from the list's folder when they exist there."""
+def _is_glob(item: str) -> bool:
+    return "*" in item or "?" in item or "[" in item
+
+
+def _read_list(path: Path) -> list[tuple[int, str]]:
+    """The (line number, source) a `.txt` list names, one per line (blank lines and `#` comments skipped); a relative
+    path is taken from the list's folder when it exists there (for a glob: when it matches there)."""
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
         raise UserError(f"source {path}: cannot read the stream list ({e.strerror or e})") from None
     out = []
-    for line in (ln.strip() for ln in lines):
+    for n, line in enumerate((ln.strip() for ln in lines), 1):
         if not line or line.startswith("#"):
             continue
         local = path.parent / line
-        out.append(str(local) if not line.isnumeric() and "://" not in line and local.exists() else line)
+        here = glob.glob(str(local), recursive=True) if _is_glob(line) else local.exists()
+        out.append((n, str(local) if not line.isnumeric() and "://" not in line and here else line))
     if not out:
         raise UserError(f"source {path}: the stream list names no source (one URL, webcam index or file per line)")
     return out
 
 
+def _list_kind(line: str) -> str:
+    """How a line of a `.txt` list is read: "image" (an image file, folder or glob, local or a URL of an image),
+    "video" (a video file, local or a URL of one: a file in a list of files, a stream in a list of streams) or
+    "stream" (a webcam index, an rtsp/rtmp/http stream, or anything else OpenCV may open, e.g. /dev/video0)."""
+    if line.isnumeric():
+        return "stream"
+    if "://" in line:
+        if line.lower().startswith(("http://", "https://")) and _suffix(line) in IMAGE_SUFFIXES | VIDEO_SUFFIXES:
+            return "video" if _suffix(line) in VIDEO_SUFFIXES else "image"
+        return "stream"
+    if _suffix(line) in VIDEO_SUFFIXES:
+        return "video"
+    if _suffix(line) in IMAGE_SUFFIXES or _is_glob(line) or Path(os.path.expanduser(line)).is_dir():
+        return "image"
+    return "stream"
+
+
+def _listed(path: Path, download_dir: Path) -> tuple[list[Path], list[str]]:
+    """The files or the streams a `.txt` list names.
+
+    A list with no stream line is a list of files, each read as it would be on the command line (URLs downloaded,
+    folders and globs expanded). A list with a stream line is a list of streams, as v7.0's detect.py reads every
+    list: its video files are read as streams too; an image, folder or glob there is an error.
+    """
+    entries = _read_list(path)
+    kinds = [_list_kind(line) for _, line in entries]
+    if "stream" not in kinds:
+        files: list[Path] = []
+        for n, line in entries:
+            try:
+                files += _files(line, download_dir)
+            except UserError as e:
+                raise UserError(f"source {path} line {n}: {e}") from None
+        return files, []
+    if "image" in kinds:
+        (n, image), (m, stream) = (entries[kinds.index(k)] for k in ("image", "stream"))
+        raise UserError(f"source {path} mixes files and streams: line {n} ({image}) is an image, a folder or a glob, "
+                        f"line {m} ({stream}) a stream; put the files and the streams in two .txt lists and run "
+                        "each")  # fmt: skip
+    return [], [line for _, line in entries]
+
+
+def _files(item: str, download_dir: Path) -> list[Path]:
+    """The image and video files one source item names: a URL (downloaded), a glob, a folder or a file."""
+    if item.lower().startswith(("http://", "https://")):
+        return [_download(item, download_dir)]
+    path = Path(os.path.expanduser(item))
+    if _is_glob(item):
+        found = [Path(p) for p in sorted(glob.glob(str(path), recursive=True))]
+        found = [p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES]
+        if not found:
+            raise UserError(f"source {item!r} matches no images or videos")
+        return found
+    if path.is_dir():
+        found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES)
+        if not found:
+            raise UserError(f"source {item!r} holds no images or videos ({', '.join(sorted(IMAGE_SUFFIXES))}, ...)")
+        return found
+    if path.is_file():
+        return [path]
+    raise UserError(f"source {item!r} not found: pass an image, a video, a folder, a glob, a URL, a webcam index, a "
+                    "stream URL, a .txt list of files or of streams, or a list [a.jpg,b.mp4]")  # fmt: skip
+
+
 def resolve_sources(source: str | int | Sequence[str | int], download_dir: Path) -> tuple[list[Path], list[str]]:
-    """Sort `source` into files and streams, as v7.0's detect.py classifies a source.
+    """Sort `source` into files and streams, as v7.0's detect.py classifies a source (a `.txt` list: `_listed`).
 
     Args:
         source: What `source=` holds: one item or a list.
@@ -120,31 +193,16 @@ def resolve_sources(source: str | int | Sequence[str | int], download_dir: Path)
     files: list[Path] = []
     streams: list[str] = []
     for item in items:
-        if _is_stream(item):
-            streams += _stream_list(Path(item)) if item.endswith(".txt") and Path(item).is_file() else [item]
-            if item.endswith(".txt") and not Path(item).is_file():
+        if item.endswith(".txt"):
+            if not Path(item).is_file():
                 raise UserError(f"source {item}: stream list not found")
-            continue
-        if item.lower().startswith(("http://", "https://")):
-            files.append(_download(item, download_dir))
-            continue
-        path = Path(os.path.expanduser(item))
-        if "*" in item or "?" in item or "[" in item:
-            found = [Path(p) for p in sorted(glob.glob(str(path), recursive=True))]
-            found = [p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES]
-            if not found:
-                raise UserError(f"source {item!r} matches no images or videos")
-            files += found
-        elif path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES | VIDEO_SUFFIXES)
-            if not found:
-                raise UserError(f"source {item!r} holds no images or videos ({', '.join(sorted(IMAGE_SUFFIXES))}, ...)")
-            files += found
-        elif path.is_file():
-            files.append(path)
+            listed_files, listed_streams = _listed(Path(item), download_dir)
+            files += listed_files
+            streams += listed_streams
+        elif _is_stream(item):
+            streams.append(item)
         else:
-            raise UserError(f"source {item!r} not found: pass an image, a video, a folder, a glob, a URL, a webcam "
-                            "index, a stream URL, a .txt list of streams, or a list [a.jpg,b.mp4]")  # fmt: skip
+            files += _files(item, download_dir)
     if files and streams:
         raise UserError(f"source mixes streams ({streams[0]}) with files ({files[0]}): run them separately")
     return files, streams
