@@ -326,3 +326,28 @@ def test_batch_plotter_writes_the_first_batches_as_jpeg_with_their_boxes(
     changed = np.any(drawn != bare, axis=-1)
     assert changed.sum() > 50
     assert (drawn[changed] == BOX_COLOR).all(-1).mean() > 0.5  # outlines exact; anti-aliased text blends
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_every_n_epochs_still_writes_last_ckpt_at_the_end(tmp_path, tiny_module, tiny_data, make_trainer):
+    """every_n_epochs=2 over 3 epochs: last.ckpt after epoch 1 and again at the end (epoch 2), the run's resume
+    point; at epoch 0 none."""
+    ck = tmp_path / "ck"
+    seen = []
+
+    class Watch(pl.Callback):  # reads last.ckpt after each epoch's checkpointing (checkpoint callbacks run last)
+        def read(self):
+            last = ck / "last.ckpt"
+            seen.append(torch.load(last, weights_only=True)["epoch"] if last.exists() else None)
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch:
+                self.read()
+
+        def on_fit_end(self, trainer, pl_module):
+            self.read()
+
+    checkpoint = LastCheckpoint(every_n_epochs=2, dirpath=ck)
+    trainer = make_trainer(tmp_path, [checkpoint, Watch()], max_epochs=3, plugins=[AtomicCheckpointIO()])
+    trainer.fit(tiny_module(), tiny_data())
+    assert seen == [None, 1, 2]

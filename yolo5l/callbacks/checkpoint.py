@@ -183,8 +183,12 @@ class LastCheckpoint(ReadsBestFitness, ModelCheckpoint):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)  # last.ckpt
+        super().on_train_epoch_end(trainer, pl_module)  # last.ckpt, every `every_n_epochs`
         epoch = trainer.current_epoch
+        final = epoch + 1 >= (trainer.max_epochs or 0) > 0 or trainer.should_stop
+        if final and not self._should_skip_saving_checkpoint(trainer) and not self.saved_at_step(trainer.global_step):
+            # the run's end is a resume point too (extend it with trainer.max_epochs), whatever every_n_epochs is
+            self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
         periodic = self.save_period > 0 and epoch % self.save_period == 0
         if periodic and trainer.state.fn == "fit" and not (trainer.fast_dev_run or trainer.sanity_checking):
             # v7.0 train.py: `if opt.save_period > 0 and epoch % opt.save_period == 0: torch.save(ckpt, w /
