@@ -147,6 +147,14 @@ OBSERVER = """
     trainer = SimpleNamespace(node_rank=0, num_devices=len(procs) + 1, current_epoch=1, checkpoint_callbacks=[cb])
     open(os.path.join(folder, ".last.ckpt.abc123.tmp"), "wb").close()  # a write cut short
     watch = LostRankWatch(poll_s=0.1)
+    seen = {}  # pid -> polls that found the process ended: proof the watcher looked at it
+    for p in procs:
+        def counted(p=p, poll=p.poll):
+            code = poll()
+            if code is not None:
+                seen[p.pid] = seen.get(p.pid, 0) + 1
+            return code
+        p.poll = counted
     watch._observer = __import__("threading").Thread(target=watch._watch, args=(trainer, procs), daemon=True)
     watch._observer.start()
     for p, end in zip(procs[1:], ends):
@@ -155,7 +163,7 @@ OBSERVER = """
     time.sleep(2)
     watch._stop.set()
     procs[0].kill()
-    print("still running", flush=True)
+    print("still running", *(seen.get(p.pid, 0) for p in procs[1:]), flush=True)
 """
 
 
@@ -192,7 +200,10 @@ def test_observer_leaves_an_orderly_stop_alone(tmp_path):
     """A rank that ends on its own with a status all ranks stop with (done, diverged, preempted) is no lost rank."""
     r = _script(OBSERVER, str(tmp_path), "0", "65", "143")
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "still running" in r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("still running"))
+    polls = [int(n) for n in line.split()[2:]]
+    assert len(polls) == 3
+    assert min(polls) >= 3  # the watcher saw each of the 3 ranks ended, every 0.1 s, and let them be
     assert "DDP rank lost" not in r.stderr
 
 
