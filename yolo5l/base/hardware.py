@@ -1,4 +1,4 @@
-"""What `auto` means on this machine: precision, cuDNN benchmark, determinism, loader workers.
+"""What `auto` means on this machine: precision, cuDNN benchmark, determinism, loader workers, CPU threads.
 
 One module answers these for train, val, predict and export, so an `auto` in `conf/` resolves the same everywhere:
 
@@ -8,30 +8,47 @@ One module answers these for train, val, predict and export, so an `auto` in `co
 - `data.num_workers: auto`: the CPU cores this process owns per local device, less one for the device's own process
   (at least 1), on an accelerator; 0 on the CPU, where the compute threads own every core.
 - `data.val_num_workers: null`: `num_workers` on an accelerator, 0 on the CPU.
+- torch's intra-op threads of a command on the CPU (val, predict, export, benchmark): the cores free when the
+  command starts (`command_threads`), measured as training's `callbacks.cpu_threads` measures them
+  (`available_cores`, from the scheduler's counters in `/proc`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
-from collections.abc import Mapping
-from functools import cache
+import time
+from collections.abc import Callable, Iterator, Mapping
+from functools import cache, wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
+from yolo5l.base.console import info
 from yolo5l.base.errors import UserError
 
 __all__ = [
+    "available_cores",
+    "command_threads",
     "cpu_has_bf16",
+    "idle_cores",
     "inference_device",
     "loader_workers",
     "num_devices",
+    "own_cpu_seconds",
     "owned_cores",
     "resolve_precision",
+    "run_delay_seconds",
+    "start_threads",
+    "threads_for",
     "use_tensor_cores",
     "uses_cuda",
+    "with_command_threads",
 ]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @cache
@@ -151,3 +168,170 @@ def loader_workers(num_workers: int | str, on_accelerator: bool, local_devices: 
     if not on_accelerator:
         return 0
     return max(1, owned_cores() // max(1, local_devices) - 1)
+
+
+# ---- intra-op threads on a shared CPU --------------------------------------------------------------------------------
+# torch's CPU operators run as OpenMP parallel regions that end when their slowest thread is done. Beside another job
+# that keeps a core busy, one of two threads is regularly descheduled while the other spins at the region's end
+# (libgomp), so a forward pass at 2 threads on 2 cores can take 4 times or more as long as at 1 thread. Training
+# adapts its thread count as it runs (`yolo5l.callbacks.cpu_threads`); a command sizes it once, at its start.
+
+#: How long a command measures the free cores before its work (training's `callbacks.cpu_threads.probe_seconds`).
+PROBE_SECONDS = 0.25
+#: Environment variables that fix torch's thread count: where one is set, a command keeps that count.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+#: torch's intra-op thread count when this module was imported; a count that differs at a command's start was set
+#: in this process (`torch.set_num_threads`), and the command keeps it.
+IMPORT_THREADS = torch.get_num_threads()
+_commands = 0  # commands inside `command_threads` now: an inner one (benchmark's validations) keeps the outer's count
+
+
+def run_delay_seconds(pid: int | str = "self") -> float | None:
+    """Seconds that the threads of process `pid` have spent runnable but waiting for a core, summed over its live
+    threads (the second field of each `/proc/<pid>/task/<tid>/schedstat`); None where the kernel does not say."""
+    total, seen = 0, False
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(task.read_text().split()[1])
+            seen = True
+        except (OSError, IndexError, ValueError):  # a thread that ended between the glob and the read
+            continue
+    return total / 1e9 if seen else None
+
+
+def idle_cores(cpus: set[int] | None = None) -> float | None:
+    """Idle core-seconds since boot over `cpus` (default: this process's affinity), from `/proc/stat`'s idle and
+    iowait columns; differences of two readings over a wall interval give the idle cores in it. None without
+    `/proc/stat`."""
+    cpus = os.sched_getaffinity(0) if cpus is None else cpus
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu" and int(name[3:]) in cpus:
+            ticks += int(fields[3]) + int(fields[4])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float | None:
+    """CPU seconds used so far by this process and its live children (DataLoader workers), from `/proc`; None
+    without `/proc/self/stat`."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = ["self"]
+    for task in Path("/proc/self/task").glob("*/children"):  # the kernel lists each thread's children
+        try:
+            pids += task.read_text().split()
+        except OSError:
+            continue
+    total, seen = 0, False
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+            seen = True
+        except (OSError, IndexError, ValueError):  # a worker that ended between the listing and the read
+            continue
+    return total / tick if seen else None
+
+
+def available_cores(
+    seconds: float = PROBE_SECONDS,
+    idle: Callable[[], float | None] | None = None,
+    own: Callable[[], float | None] | None = None,
+) -> float | None:
+    """Cores this process could have used over the next `seconds`: the idle ones of its affinity mask plus those
+    its own threads and workers kept busy. Beside a job that keeps one core of two busy this is about 1; on a quiet
+    machine, the mask's size. None where `/proc` does not say.
+
+    Args:
+        seconds: How long to measure (the caller sleeps that long).
+        idle: The reader of idle core-seconds (default :func:`idle_cores`).
+        own: The reader of this process's CPU seconds (default :func:`own_cpu_seconds`).
+    """
+    idle, own = idle or idle_cores, own or own_cpu_seconds
+    idle0, own0, t0 = idle(), own(), time.perf_counter()
+    time.sleep(seconds)
+    idle1, own1, t1 = idle(), own(), time.perf_counter()
+    if idle0 is None or idle1 is None or own0 is None or own1 is None:
+        return None
+    return ((idle1 - idle0) + (own1 - own0)) / max(t1 - t0, 1e-9)
+
+
+def threads_for(free: float | None, ceiling: int) -> int:
+    """Threads for `free` cores, rounded to the nearest, between 1 and `ceiling` (`ceiling` when not measured)."""
+    ceiling = max(1, int(ceiling))
+    return ceiling if free is None else max(1, min(ceiling, math.floor(free + 0.5)))
+
+
+def start_threads(seconds: float = PROBE_SECONDS) -> tuple[int, str | None]:
+    """The intra-op thread count a command on the CPU starts at, and the console line that says why it differs from
+    torch's count (None when it does not).
+
+    An explicit count wins: `OMP_NUM_THREADS` or `MKL_NUM_THREADS` set, or `torch.set_num_threads` called in this
+    process since this module was imported (`IMPORT_THREADS`). Otherwise the ceiling is torch's count capped by
+    :func:`owned_cores`, and below it the cores free over `seconds` (:func:`available_cores`).
+    """
+    threads = torch.get_num_threads()
+    if any(os.environ.get(key, "").strip() for key in THREAD_ENV) or threads != IMPORT_THREADS:
+        return threads, None
+    ceiling = max(1, min(threads, owned_cores()))
+    free = available_cores(seconds) if ceiling > 1 and seconds > 0 else None
+    target = threads_for(free, ceiling)
+    if free is not None and target < ceiling:
+        why = f"about {free:.1f} of {ceiling} cores free at the start"
+        return target, f"intra-op threads: {threads} -> {target} ({why})"
+    if ceiling < threads:
+        return ceiling, f"intra-op threads: {threads} -> {ceiling} (the cores this process owns)"
+    return threads, None
+
+
+def _on_cpu(device: torch.device | str) -> bool:
+    """Whether `device` (a torch device, `cpu`, `cuda:N`, `gpu`, or `auto`: the GPU when there is one) is the CPU."""
+    name = str(getattr(device, "type", device))
+    return name.split(":")[0] == "cpu" or (name == "auto" and not torch.cuda.is_available())
+
+
+@contextlib.contextmanager
+def command_threads(device: torch.device | str, seconds: float = PROBE_SECONDS) -> Iterator[int]:
+    """Run a command's work on the CPU at :func:`start_threads`'s count (printing its line), and give the process
+    its count back after it. Elsewhere (`device` not the CPU, where the host threads mostly launch kernels), and
+    inside another command's block (benchmark's validations and exports), the count stays as it is.
+
+    Args:
+        device: Where the work runs: a torch device, or a config's `cpu`, `cuda:N`, `gpu` or `auto`.
+        seconds: How long the free cores are measured.
+
+    Yields:
+        The intra-op thread count the work runs at.
+    """
+    global _commands
+    before = torch.get_num_threads()
+    threads, why = start_threads(seconds) if _on_cpu(device) and _commands == 0 else (before, None)
+    if why is not None:
+        info(why)
+    if threads != before:
+        torch.set_num_threads(threads)
+    _commands += 1
+    try:
+        yield threads
+    finally:
+        _commands -= 1
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def with_command_threads(device_of: Callable[[Any], torch.device | str]) -> Callable[[_F], _F]:
+    """Decorate a command's function of its config: it runs inside `command_threads(device_of(cfg))`."""
+
+    def decorate(fn: _F) -> _F:
+        @wraps(fn)
+        def run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+            with command_threads(device_of(cfg)):
+                return fn(cfg, *args, **kwargs)
+
+        return cast(_F, run)
+
+    return decorate

@@ -18,7 +18,9 @@ cores the process owns (its affinity mask and cgroup CPU quota: `yolo5l.base.har
 Before the first step it measures, for `probe_seconds`, how many cores are free (idle, or busy with this process and
 its workers) and starts at that many threads when fewer than the ceiling are: beside a job in another session (the
 kernel's autogroups share the cores between sessions, whatever their thread counts), a 2-thread step can take 20
-times longer than a 1-thread step, so even the first step at the wrong count costs more than the whole probe.
+times longer than a 1-thread step, so even the first step at the wrong count costs more than the whole probe. The
+readings are `yolo5l.base.hardware`'s; val, predict, export and benchmark size their threads from the same probe
+(`yolo5l.base.hardware.command_threads`).
 
 On a quiet machine neither the probe nor a trial changes anything, so the thread count, and with it the results bit
 for bit, stay as they are.
@@ -30,10 +32,8 @@ Only training on the CPU adapts: on an accelerator the host threads mostly launc
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -42,72 +42,16 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from yolo5l.base.hardware import owned_cores
+from yolo5l.base import hardware
+from yolo5l.base.hardware import idle_cores, own_cpu_seconds, owned_cores, run_delay_seconds
 
 __all__ = ["CPUThreads", "available_cores", "idle_cores", "own_cpu_seconds", "run_delay_seconds"]
 
 
-def run_delay_seconds(pid: int | str = "self") -> float | None:
-    """Seconds that the threads of process `pid` have spent runnable but waiting for a core, summed over its live
-    threads (the second field of each `/proc/<pid>/task/<tid>/schedstat`); None where the kernel does not say."""
-    total, seen = 0, False
-    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(task.read_text().split()[1])
-            seen = True
-        except (OSError, IndexError, ValueError):  # a thread that ended between the glob and the read
-            continue
-    return total / 1e9 if seen else None
-
-
-def idle_cores(cpus: set[int] | None = None) -> float | None:
-    """Idle core-seconds since boot over `cpus` (default: this process's affinity), from `/proc/stat`'s idle and
-    iowait columns; differences of two readings over a wall interval give the idle cores in it. None without
-    `/proc/stat`."""
-    cpus = os.sched_getaffinity(0) if cpus is None else cpus
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return None
-    ticks = 0
-    for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name != "cpu" and int(name[3:]) in cpus:
-            ticks += int(fields[3]) + int(fields[4])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_seconds() -> float | None:
-    """CPU seconds used so far by this process and its live children (DataLoader workers), from `/proc`; None
-    without `/proc/self/stat`."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = ["self"]
-    for task in Path("/proc/self/task").glob("*/children"):  # the kernel lists each thread's children
-        try:
-            pids += task.read_text().split()
-        except OSError:
-            continue
-    total, seen = 0, False
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
-            seen = True
-        except (OSError, IndexError, ValueError):  # a worker that ended between the listing and the read
-            continue
-    return total / tick if seen else None
-
-
 def available_cores(seconds: float = 0.25) -> float | None:
-    """Cores this process could have used over the next `seconds`: the idle ones of its affinity mask plus those
-    its own threads and workers kept busy. Beside a job that keeps one core of two busy this is about 1; on a quiet
-    machine, the mask's size. None where `/proc` does not say."""
-    idle0, own0, t0 = idle_cores(), own_cpu_seconds(), time.perf_counter()
-    time.sleep(seconds)
-    idle1, own1, t1 = idle_cores(), own_cpu_seconds(), time.perf_counter()
-    if None in (idle0, idle1, own0, own1):
-        return None
-    return ((idle1 - idle0) + (own1 - own0)) / max(t1 - t0, 1e-9)
+    """:func:`yolo5l.base.hardware.available_cores` over the readers of this module's namespace (`idle_cores`,
+    `own_cpu_seconds`), which a test may replace here."""
+    return hardware.available_cores(seconds, idle=idle_cores, own=own_cpu_seconds)
 
 
 class CPUThreads(Callback):
