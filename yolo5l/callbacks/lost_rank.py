@@ -48,6 +48,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.base.errors import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_USAGE, shown_path
+from yolo5l.training.divergence import last_checkpoint
 
 __all__ = ["LostRankWatch", "RankLost", "collective_failure", "lost_rank_message", "raise_if_rank_lost"]
 
@@ -85,15 +86,6 @@ def lost_rank_message(trainer: Any, what: str, epoch: bool = True) -> str:
         advice = "no checkpoint was written yet: start the run again"
     when = f" at epoch {getattr(trainer, 'current_epoch', 0)}" if epoch else ""
     return f"DDP rank lost{when}: {what}; the job stops; {advice}"
-
-
-def last_checkpoint(trainer: Any) -> str | None:
-    """The `last.ckpt` of the run's checkpoint callback when it exists (whole: every write is atomic)."""
-    for cb in getattr(trainer, "checkpoint_callbacks", []):
-        path = getattr(cb, "last_path", None) if getattr(cb, "dirpath", None) else None
-        if path and os.path.isfile(path):
-            return path
-    return None
 
 
 def collective_failure(error: BaseException) -> str | None:

@@ -155,7 +155,7 @@ def diverged(trainer: Any, lr0: float | None, what: str) -> TrainingDiverged:
         )
     else:
         cause = rate
-    last = _last_checkpoint(trainer)
+    last = last_checkpoint(trainer)
     if last is not None:
         command = f"python -m yolo5l.train resume={shown_path(last)} {lower}"
         advice = "resume from the last checkpoint, all finite, with a lower rate (or start again with it if that "
@@ -168,10 +168,11 @@ def diverged(trainer: Any, lr0: float | None, what: str) -> TrainingDiverged:
     return TrainingDiverged(message)
 
 
-def _last_checkpoint(trainer: Any) -> str | None:
-    """The `last.ckpt` of the run's checkpoint callback (`LastCheckpoint.last_path`) when it exists: every checkpoint
-    written is finite (the checks run before each epoch's save, and non-finite tensors are never written), though
-    one written early in a run whose rate was far too high may hold weights already too damaged to recover."""
+def last_checkpoint(trainer: Any) -> str | None:
+    """The `last.ckpt` of the run's checkpoint callback (`LastCheckpoint.last_path`) when it exists (whole: every
+    write is atomic), for the lines that name a run's resume point. Every checkpoint written is finite (the checks
+    run before each epoch's save, and non-finite tensors are never written), though one written early in a run whose
+    rate was far too high may hold weights already too damaged to recover."""
     for cb in getattr(trainer, "checkpoint_callbacks", []):
         path = getattr(cb, "last_path", None) if getattr(cb, "dirpath", None) else None
         if path and os.path.isfile(path):
