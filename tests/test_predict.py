@@ -86,3 +86,26 @@ def test_val_runs_at_the_weights_training_size(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "data.imgsz: 96 (the weights' training size)" in r.stdout
+
+
+def test_a_txt_list_of_two_images_in_one_batch(tmp_path, weights_at_128):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(1)
+    for name in ("first.jpg", "second.png"):
+        cv2.imwrite(str(src / name), rng.integers(0, 255, (96, 160, 3), dtype=np.uint8))
+    listing = src / "images.txt"
+    listing.write_text("first.jpg\nsecond.png\n")  # relative to the list's folder
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.predict", f"weights={weights_at_128}", f"source={listing}", "batch_size=2",
+         "conf_thres=0.0001", "device=cpu", f"hydra.run.dir={out}"],
+        capture_output=True, text=True, timeout=300, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "at shape (2, 3, 128, 128)" in r.stdout
+    assert sorted(p.name for p in out.iterdir() if p.suffix in {".jpg", ".png", ".mp4"}) == ["first.jpg", "second.png"]
+    assert cv2.imread(str(out / "second.png")).shape == (96, 160, 3)
+    preds = json.loads((out / "predictions.json").read_text())
+    assert {p["image"] for p in preds} == {str(src / "first.jpg"), str(src / "second.png")}
+    assert not any("frame" in p for p in preds)
