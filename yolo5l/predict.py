@@ -1,8 +1,9 @@
 """Detect objects: `python -m yolo5l.predict weights=<weights.pt|best.pt|last.ckpt|*.onnx|yolov5s.pt> source=...`.
 
 `source` is anything v7.0's detect.py takes (`yolo5l.infer.sources`): images, videos, folders, globs, URLs of images and
-videos, a webcam index, rtsp/rtmp/http streams, a `.txt` list of streams, or a list of files. Files run in batches of
-`batch_size`, decoded ahead by a background thread while the model runs; streams run one frame of each per batch.
+videos, a webcam index, rtsp/rtmp/http streams, a `.txt` list of files or of streams, or a list of files. Files run in
+batches of `batch_size`, decoded ahead by a background thread while the model runs; streams run one frame of each per
+batch.
 Options as detect.py's: `classes`, `agnostic_nms`, `max_det`, `augment` (`yolo5l.infer.tta`), `half` (CUDA),
 `vid_stride`, `visualize` (`yolo5l.infer.feature_maps`), `save_images` (false = `--nosave`), `save_txt`,
 `save_conf`, `save_crop`, `line_thickness`, `hide_labels`, `hide_conf`; the outputs are described in
@@ -30,6 +31,7 @@ from torch import nn
 from yolo5l._cli import guarded, run_entry_point, running
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.hardware import with_command_threads
 from yolo5l.config import check_predict_config
 from yolo5l.infer.sources import (
     IMAGE_SUFFIXES,
@@ -180,6 +182,7 @@ def _prefetched(batches: Iterator[list[_Item]], depth: int = _PREFETCH_BATCHES) 
 
 
 @torch.inference_mode()
+@with_command_threads(lambda cfg: str(cfg.device))  # on the CPU: as many threads as cores are free at the start
 def predict(cfg: DictConfig) -> list[dict]:
     """Run detection as `cfg` (conf/predict.yaml) says; returns the detections written to predictions.json."""
     import os
