@@ -14,12 +14,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-# The tflite extra goes in without litert-converter's xdsl pin (typing-extensions<4.13, which pydantic and coremltools
-# outgrew; the conversion does not import xdsl): its packages with --no-deps, then their own needs.
+# The tflite stack (litert-torch, litert-converter, ai-edge-quantizer) goes in last, with --no-deps, so that pip neither
+# installs nor reports what it declares and the conversion never imports: litert-converter's xdsl==0.28 (whose
+# typing-extensions<4.13 pin conflicts with recent pydantic and coremltools) and lark, and the LLM-export tools
+# (transformers, kagglehub, sentencepiece, litert-lm-builder, jaxtyping, fire, multipledispatch); `pip check` lists
+# them. What the conversion does import (TFLITE_NEEDS, at the versions litert-torch 0.10 pins) is resolved with the
+# rest, in one pip call.
+TFLITE := "litert-torch==0.10.*" "litert-converter==0.5.*" "ai-edge-quantizer==0.10.*"
+TFLITE_NEEDS := "ai-edge-litert==2.3.*" "torchao>=0.17" jax immutabledict absl-py rich
+
 $(BIN)/.installed-extras: $(BIN)/.installed
-	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna,openvino,ncnn,coreml]"
-	$(BIN)/python -m pip install -q --no-deps "litert-torch>=0.10" "litert-converter>=0.5" "ai-edge-quantizer>=0.10"
-	$(BIN)/python -m pip install -q "ai-edge-litert>=2.3" jax torchao immutabledict
+	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
+	$(BIN)/python -m pip install -q --no-deps $(TFLITE)
 	touch $@
 
 venv: $(BIN)/.installed-extras
