@@ -44,15 +44,35 @@ _TABLE = (
 
 
 def validate_weights(cfg: DictConfig) -> dict[str, float]:
-    """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics."""
+    """Run validation as `cfg` (conf/val.yaml) says; returns the `val/*` metrics.
+
+    On the CPU it runs at as many intra-op threads as cores are free at its start
+    (`yolo5l.base.hardware.command_threads`), and gives the process its thread count back after it.
+    """
+    from yolo5l.base.hardware import command_threads
+
+    check_val_config(cfg)
+    check_val_options(cfg)
+    with command_threads(_device(cfg)):
+        return _validate(cfg)
+
+
+def _device(cfg: DictConfig) -> str:
+    """Where the validation runs: `cuda` where `trainer.accelerator` selects CUDA, `cpu` for `cpu` or `auto`
+    without a GPU, else the accelerator's name."""
+    from yolo5l.base.hardware import uses_cuda
+
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    return "cuda" if uses_cuda(accelerator) else "cpu" if accelerator in ("auto", "cpu") else accelerator
+
+
+def _validate(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.base.hardware import resolve_precision
     from yolo5l.callbacks.val_plots import ValidationPlots
     from yolo5l.deploy.exported import is_exported
     from yolo5l.io.model_source import check_stride
     from yolo5l.io.weights import load_weights, resolve_weights
 
-    check_val_config(cfg)
-    check_val_options(cfg)
     exported = is_exported(str(cfg.weights))
     if str(cfg.task) in ("speed", "study"):
         return run_timing_task(cfg, _set_imgsz)
