@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from yolo5l._cli import guarded, run_entry_point
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.hardware import with_command_threads
 from yolo5l.io.files import atomic_open
 
 __all__ = ["Row", "benchmark", "format_table"]
@@ -120,8 +121,13 @@ def _one(
     return row
 
 
+@with_command_threads(lambda cfg: str(cfg.device))
 def benchmark(cfg: DictConfig) -> list[Row]:
-    """Export, validate and time each format of `cfg.formats` (conf/benchmark.yaml); returns the table's rows."""
+    """Export, validate and time each format of `cfg.formats` (conf/benchmark.yaml); returns the table's rows.
+
+    On the CPU every format runs at the intra-op thread count picked once at the start, from the cores free then
+    (`yolo5l.base.hardware.command_threads`): the validations inside keep it.
+    """
     from yolo5l.deploy.formats import FORMATS
     from yolo5l.io.weights import load_weights, resolve_weights
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from yolo5l._cli import guarded, run_entry_point, running
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.hardware import with_command_threads
 from yolo5l.config import check_export_config
 from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import FORMATS, output_path, require_extra
@@ -346,6 +347,7 @@ def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
     return calibration_images(calibration_files(cfg.calib_data, int(cfg.calib_images)), imgsz)
 
 
+@with_command_threads(lambda cfg: str(cfg.device))  # on the CPU: as many threads as cores are free at the start
 def export_weights(cfg: DictConfig) -> Path:
     """Export as `cfg` (conf/export.yaml) says; returns the file written."""
     from yolo5l.base.hardware import inference_device
