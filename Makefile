@@ -48,4 +48,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_train.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache .test-scratch

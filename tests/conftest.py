@@ -1,19 +1,64 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
-import _module_helpers as helpers
 import pytest
-import torch
+
+#: The test session's scratch area, inside the repository (.gitignore ignores it): the session's temporary files
+#: (pytest's tmp_path folders among them, kept only for failed tests, for one session) and a home folder for what
+#: libraries would otherwise write under the user's $HOME. `make clean` removes it.
+SCRATCH = Path(__file__).resolve().parents[1] / ".test-scratch"
+TMP = SCRATCH / "tmp"
+HOME = SCRATCH / "home"
+#: multiprocessing puts AF_UNIX sockets (DataLoader workers share tensors through them) in $TMPDIR/pymp-*/, and a
+#: socket's path has at most 107 bytes: a longer checkout path keeps the system temp folder for everything else.
+SOCKET_TMPDIR_MAX = 64
+
+#: Telemetry switches, read when the library loads (onnxruntime at import): set before any test imports one, and
+#: inherited by subprocesses. Without them onnxruntime writes a device id and an event database under
+#: ~/.cache/Microsoft/DeveloperTools/.onnxruntime at import, and MLflow an installation id in
+#: ~/.config/mlflow/telemetry.json (yolo5l switches MLflow's off too, but a test may import mlflow first).
+TELEMETRY_OFF = {"ORT_DISABLE_TELEMETRY": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def _session_environment() -> dict[str, str]:
+    """The variables this session sets: telemetry off, and $HOME, the XDG folders and the temp folder in SCRATCH, so
+    that caches, settings and files of libraries not switched off here (OpenVINO's usage statistics in ~/intel,
+    matplotlib's font cache, the compiled kernels) stay in the repository."""
+    env = {**TELEMETRY_OFF, **{k: os.environ[k] for k in TELEMETRY_OFF if k in os.environ}}
+    env.update(
+        HOME=str(HOME), XDG_CACHE_HOME=str(HOME / ".cache"), XDG_CONFIG_HOME=str(HOME / ".config"),
+        XDG_DATA_HOME=str(HOME / ".local" / "share"), XDG_STATE_HOME=str(HOME / ".local" / "state"),
+        PYTEST_DEBUG_TEMPROOT=str(TMP),  # pytest's tmp_path root, whatever the length
+    )  # fmt: skip
+    if len(str(TMP)) <= SOCKET_TMPDIR_MAX:
+        env["TMPDIR"] = str(TMP)
+    return env
+
+
+for _folder in (TMP, HOME):
+    _folder.mkdir(parents=True, exist_ok=True)
+os.environ.update(_session_environment())
+tempfile.tempdir = None  # tempfile reads $TMPDIR again on its next call
+# yolo5l's user cache (label-scan logs and locks, read-only fallbacks): one folder per session, removed at its end;
+# subprocesses inherit it.
+SESSION_CACHE: str | None = None  # None where the variable came set
+if "YOLO5L_CACHE_DIR" not in os.environ:
+    SESSION_CACHE = os.environ["YOLO5L_CACHE_DIR"] = tempfile.mkdtemp(prefix="yolo5l-test-cache-", dir=TMP)
+
+import _module_helpers as helpers  # noqa: E402 (after the environment: yolo5l's imports load matplotlib)
+import torch  # noqa: E402
 
 # Tests run on 2 CPU cores: keep torch from oversubscribing them.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
-# yolo5l's user cache (label-scan logs and locks, read-only fallbacks) in a folder of this session, not in the home of
-# whoever runs the tests; subprocesses inherit it.
-if "YOLO5L_CACHE_DIR" not in os.environ:
-    import tempfile
 
-    os.environ["YOLO5L_CACHE_DIR"] = tempfile.mkdtemp(prefix="yolo5l-test-cache-")
+
+def pytest_unconfigure(config):
+    if SESSION_CACHE is not None:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
