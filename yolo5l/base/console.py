@@ -12,15 +12,20 @@
   bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
 - `info`, `warn`, `print_outputs`, `fail`: the command's own lines (`[yolo5l] ...` on rank 0, the outputs
   block, the one-line `error: ...` with exit code 2); `is_rank_zero` decides which process prints.
+- `library_output()`: around a call into a third-party converter or runtime (LiteRT, OpenVINO, NNCF): what the library
+  prints reaches the console in yolo5l's form, a `warning: ...` line where it tells the user something, nothing where
+  it is the library's own chatter or progress display off a terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
 import sys
+import tempfile
 import threading
 import traceback
 import warnings
@@ -38,6 +43,8 @@ __all__ = [
     "info",
     "is_rank_zero",
     "is_terminal",
+    "library_line",
+    "library_output",
     "print_outputs",
     "run_log",
     "warn",
@@ -45,8 +52,10 @@ __all__ = [
 
 #: ANSI escape sequences: colours, cursor moves (tqdm's nested bars move the cursor up), OSC titles.
 _ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-#: A tqdm bar's counter and clock: `| 12/40 [00:03<00:08, 3.2it/s` (also `0/?`, `1.2k/3.4k`).
-_BAR = re.compile(r"\|\s*[\d.]+[kMG]?/(?:\?|[\d.]+[kMG]?)\s*\[")
+#: A progress bar's line: tqdm's counter and clock (`| 12/40 [00:03<00:08, 3.2it/s`, also `0/?`, `1.2k/3.4k`), its
+#: clock and rate without a total (`0 passes [00:00, ? passes/s]`, `[01:02, 1.5s/it]`), or rich's bar (`Validation
+#: ━━━━━━━━ 4/4 0:00:01`: Lightning's RichProgressBar, NNCF's progress).
+_BAR = re.compile(r"\|\s*[\d.]+[kMG]?/(?:\?|[\d.]+[kMG]?)\s*\[|\[\d+:\d\d(?::\d\d)?, [^\]\n]*/|[━╸╺]{3,}")
 
 
 def is_terminal(stream: TextIO | None = None) -> bool:
@@ -231,6 +240,203 @@ def run_log(path: str | os.PathLike | None = None) -> Iterator[Path | None]:
             handler.setStream(stream)
         sys.stdout, sys.stderr = streams["stdout"], streams["stderr"]
         log.close()
+
+
+# ---- what third-party libraries print -----------------------------------------------------------------------------
+#: Loggers whose warnings are about the library's own setup, not the user's model: torch's notice that registering an
+#: Enum as a pytree constant is deprecated (torchao, imported by litert-torch) and its note on a `CUDA_HOME` without
+#: a CUDA runtime (printed when NNCF imports torch's C++-extension builder, which an export never uses).
+_NOISY_LOGGERS = ("torch.utils._pytree", "torch.utils.cpp_extension")
+#: Packages whose loggers print through console handlers of their own (torch's `torch`, `torch.export`,
+#: `torch._dynamo`, ..., in glog's `W1126 19:13:44 ... file.py:183] ...` form); inside `library_output` their records
+#: go to the root logger's handlers instead (yolo5l's line form).
+_OWN_HANDLER_PACKAGES = ("torch",)
+#: glog / absl C++ log lines: `I0000 00:00:1795720273.613855   27525 flatbuffer_export.cc:4410] message`.
+_GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [^\]\s]+\] ?(.*)$")
+#: TFLite's (and other C libraries') levelled lines: `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`.
+_LEVELLED = re.compile(r"^(INFO|VERBOSE|DEBUG|WARNING|ERROR|FATAL): (.*)$")
+#: TensorRT's logger: `[11/26/2026-19:13:44] [TRT] [W] message` (V verbose, I info, W warning, E error, F fatal).
+_TRT = re.compile(r"^\[[\d/:-]+\] \[TRT\] \[([VIWEF])\] (.*)$")
+#: Lines already in yolo5l's form (a Python warning printed by `_show_warning`, a log record's line).
+_OWN_FORM = re.compile(r"^(?:warning|error): |^\[yolo5l\] ")
+#: Lines that say nothing about the model: absl's note that it writes to stderr until it is initialised.
+_NOISE = (re.compile(r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"),)
+#: Python warnings that concern a library's authors (its own or its dependencies' deprecations), not its user.
+_DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+def library_line(line: str, ignore: tuple[re.Pattern[str], ...] = ()) -> str | None:
+    """One line a library wrote to stderr, in yolo5l's form: `warning: <message>`, or None where it is noise.
+
+    Dropped: blank lines, progress bars, informational log lines (glog's `I...`, `INFO: ...`, TensorRT's `[I]`),
+    absl's start-up note, and lines matching `ignore`. A warning or error line of those forms keeps its message; any
+    other line is a warning as written (a library writes diagnostics to stderr).
+    """
+    line = _ESCAPE.sub("", line).rsplit("\r", 1)[-1].strip()
+    if not line or _BAR.search(line):
+        return None
+    if _OWN_FORM.match(line):
+        return line
+    text = line
+    if m := _GLOG.match(line) or _TRT.match(line):
+        level, text = m.groups()
+        if level in ("I", "V"):
+            return None
+    elif m := _LEVELLED.match(line):
+        level, text = m.groups()
+        if level in ("INFO", "VERBOSE", "DEBUG"):
+            return None
+    if not text.strip() or any(p.search(text) for p in (*_NOISE, *ignore)):
+        return None
+    return f"warning: {' '.join(text.split())}"
+
+
+def _rerouted_loggers() -> list[tuple[logging.Logger, list[logging.Handler], list[logging.Handler]]]:
+    """The loggers of `_OWN_HANDLER_PACKAGES` that print through a console handler of their own (torch's
+    `_StderrHandler`, a stream handler on stderr) and do not propagate: each with those handlers and all its handlers
+    in order, to restore after `library_output`. Other handlers (torch's structured trace) stay where they are."""
+    found = []
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger) or logger.propagate:
+            continue
+        if not any(name == p or name.startswith(f"{p}.") for p in _OWN_HANDLER_PACKAGES):
+            continue
+        console = [
+            h for h in logger.handlers
+            if type(h).__name__ == "_StderrHandler"
+            or (type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__))
+        ]  # fmt: skip
+        if console:
+            found.append((logger, console, logger.handlers[:]))
+    return found
+
+
+class _DropMatching(logging.Filter):
+    """A handler filter that drops the records whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: tuple[re.Pattern[str], ...]) -> None:
+        super().__init__()
+        self.patterns = patterns
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
+
+
+class _Swallow(io.StringIO):
+    """A library's stdout off a terminal: its progress display, dropped (`library_output`)."""
+
+    def isatty(self) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _captured_stderr_fd(ignore: tuple[re.Pattern[str], ...]) -> Iterator[None]:
+    """Send file descriptor 2 to a temporary file while the block runs (C and C++ code writes there directly), then
+    print what was written as `library_line`s on `sys.stderr`, also when the block raises.
+
+    On a terminal, Python's `sys.stderr` keeps writing to the terminal meanwhile, so that a library's progress bar
+    (tqdm) is drawn there; elsewhere its writes go to the file too, and its bars are dropped with the rest.
+    """
+    python_stderr = sys.stderr
+    console = python_stderr._console if isinstance(python_stderr, _Tee) else python_stderr
+    on_terminal = is_terminal(console)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        python_stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 (a process started without one): nothing to capture
+        yield
+        return
+    terminal: TextIO | None = None
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            if on_terminal:
+                encoding = getattr(console, "encoding", None) or "utf-8"
+                terminal = open(os.dup(saved), "w", buffering=1, encoding=encoding, errors="replace")  # noqa: SIM115
+                if isinstance(python_stderr, _Tee):  # the run log still gets the library's Python-level lines
+                    sys.stderr = _Tee(terminal, python_stderr._log, python_stderr._name)  # type: ignore[assignment]
+                else:
+                    sys.stderr = terminal
+            else:
+                sys.stderr = console  # the run log is fed the translated lines below, once
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.stderr.flush()
+            sys.stderr = python_stderr
+            if terminal is not None:
+                terminal.close()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+            for raw in text.split("\n"):
+                line = library_line(raw, ignore)
+                if line is not None:
+                    with contextlib.suppress(OSError, ValueError, AttributeError):
+                        _write_above_bars(line, sys.stderr)
+
+
+@contextlib.contextmanager
+def library_output(ignore: tuple[str, ...] = ()) -> Iterator[None]:
+    """Around a call into a third-party converter or runtime: what the library prints, in yolo5l's form.
+
+    - Python logging: records at INFO and below are dropped (`Use JAX lowering: aten.permute`, `Serializing
+      model...`, `Unable to initialize backend 'tpu'`), and the warnings of `_NOISY_LOGGERS`; other warnings and
+      errors reach the root logger's handlers (one `warning: ...` line in a command), torch's included.
+    - Python warnings: one `warning: ...` line each; deprecation notices are dropped.
+    - What C and C++ code writes to stderr (absl, LiteRT, OpenVINO): captured, then printed as `library_line`s, the
+      informational ones dropped. Nothing is hidden from a failure: the lines are printed before the exception
+      leaves the block.
+    - Progress bars: drawn on a terminal; elsewhere the library's stdout (its bars, pass trees) is dropped, and
+      its bars on stderr with it.
+
+    Args:
+        ignore: Regular expressions (searched) for further messages to drop, as Python warnings, log records or
+            lines: ones about the library's own set-up or its own use of itself (LiteRT's note on
+            `experimental_preserve_all_tensors` during calibration, coremltools' missing macOS runtime on Linux).
+    """
+    patterns = tuple(re.compile(p) for p in ignore)
+    disabled = logging.root.manager.disable
+    noisy = [(logger, logger.level) for logger in map(logging.getLogger, _NOISY_LOGGERS)]
+    rerouted = _rerouted_loggers()
+    stdout = sys.stdout
+    drop = _DropMatching(patterns)
+    handlers = [*logging.getLogger().handlers, logging.lastResort] if patterns else []
+    logging.disable(max(disabled, logging.INFO))
+    for logger, _ in noisy:
+        logger.setLevel(logging.ERROR)
+    for logger, console, _ in rerouted:
+        logger.propagate = True
+        for handler in console:
+            logger.removeHandler(handler)
+    for handler in handlers:
+        if handler is not None:
+            handler.addFilter(drop)
+    try:
+        with warnings.catch_warnings(), _captured_stderr_fd(patterns):
+            warnings.showwarning = _show_warning
+            for category in _DEPRECATIONS:
+                warnings.simplefilter("ignore", category)
+            for p in patterns:
+                warnings.filterwarnings("ignore", message=f".*(?:{p.pattern})")
+            if not is_terminal(stdout):
+                sys.stdout = _Swallow()
+            yield
+    finally:
+        sys.stdout = stdout
+        logging.disable(disabled)
+        for logger, level in noisy:
+            logger.setLevel(level)
+        for logger, console, order in rerouted:
+            logger.propagate = False
+            now = logger.handlers[:]  # with any added meanwhile, after those it had
+            logger.handlers = [h for h in order if h in console or h in now] + [h for h in now if h not in order]
+        for handler in handlers:
+            if handler is not None:
+                handler.removeFilter(drop)
 
 
 # ---- the command's own lines ---------------------------------------------------------------------------------------

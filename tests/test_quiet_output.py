@@ -1,0 +1,168 @@
+"""Output that is yolo5l's: what third-party libraries print during an export reaches the console as yolo5l's
+`warning: ...` lines or not at all (`yolo5l.base.console.library_output`), a weights load prints nothing itself
+(training says what it transferred, once), and no progress bar is drawn where stdout is not a terminal, nor left
+behind unused on one."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+from tqdm import tqdm
+
+from yolo5l.base.console import ConsoleFormatter, ConsoleHandler, clean_lines, library_line, library_output
+
+NAMES = ["rectangle", "ellipse", "triangle", "cross"]  # the synthetic dataset's classes
+IMGSZ = 64
+#: A line that a yolo5l command prints: its own `[yolo5l] ...`, a warning or error in its one-line form, the outputs
+#: block (`Outputs:` and its indented rows), a blank line.
+YOLO5L_LINE = re.compile(r"^(?:\[yolo5l\] |warning: |error: |Outputs:$|  \S[^:]*: |$)")
+BAR_TRACES = ("\r", "━", "it/s", "\x1b[")
+
+# ---- library_output and the run log --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("I0000 00:00:1795720273.613855   27525 flatbuffer_export.cc:4410] Estimated count of arithmetic ops", None),
+        ("W1126 19:13:44.373000 29124 converter.cc:12] a real concern", "warning: a real concern"),
+        ("E0000 00:00:1.5   7 lower.cc:3] op  'foo'\tis not supported", "warning: op 'foo' is not supported"),
+        ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR", None),
+        ("INFO: Created TensorFlow Lite XNNPACK delegate for CPU.", None),
+        ("ERROR: Didn't find op for builtin opcode 'X'", "warning: Didn't find op for builtin opcode 'X'"),
+        ("\rRunning Calibration::  10%|█         | 190/1992 [00:00<00:00, 1897.62it/s]", None),
+        ("Running MIL frontend_milinternal pipeline: 0 passes [00:00, ? passes/s]", None),
+        ("Statistics collection ━━━━━━━━━━━━━━━━━━━━ 100% 1/1 • 0:00:00 • 0:00:00", None),
+        ("[11/26/2026-19:13:44] [TRT] [W] onnx2trt: INT64 cast down", "warning: onnx2trt: INT64 cast down"),
+        ("[11/26/2026-19:13:44] [TRT] [I] [MemUsageChange] Init CUDA: CPU +2, GPU +0", None),
+        ("warning: already one line", "warning: already one line"),
+        ("   ", None),
+        ("something a C library printed", "warning: something a C library printed"),
+    ],
+)
+def test_library_line(line, shown):
+    assert library_line(line) == shown
+
+
+def test_library_line_drops_what_the_caller_ignores():
+    assert library_line("note: for debugging only", (re.compile("debugging"),)) is None
+
+
+def test_c_level_stderr_is_folded_and_its_chatter_dropped(capfd):
+    with library_output():
+        os.write(
+            2,
+            b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+            b"I0000 00:00:1795720273.613855   27525 flatbuffer_export.cc:4410] Estimated count of arithmetic ops\n"
+            b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
+            b"W0000 00:00:1795720273.613855   27525 converter.cc:12] a real concern\n",
+        )
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert err.splitlines() == ["warning: a real concern"]
+
+
+def test_a_failure_keeps_what_the_library_said(capfd):
+    def convert() -> None:
+        os.write(2, b"E0000 00:00:1.5   7 lower.cc:3] op 'foo' is not supported\n")
+        raise RuntimeError("conversion failed")
+
+    with pytest.raises(RuntimeError, match="conversion failed"), library_output():
+        convert()
+    assert capfd.readouterr().err.splitlines() == ["warning: op 'foo' is not supported"]
+
+
+@pytest.fixture
+def command_logging():
+    """Set the root logger as a command's job logging sets it (conf/hydra/job_logging/yolo5l.yaml): INFO, one console
+    line per record on the current stdout (call it in the test, where pytest's capture is in place)."""
+    root = logging.getLogger()
+    level = root.level
+    handlers = []
+
+    def install() -> None:
+        handler = ConsoleHandler(sys.stdout)
+        handler.setFormatter(ConsoleFormatter())
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        handlers.append(handler)
+
+    yield install
+    for handler in handlers:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_library_logging_and_warnings(capfd, command_logging):
+    command_logging()
+    torch_loggers = [logging.getLogger(name) for name in ("torch", "torch.export")]
+    torch_state = [(logger.propagate, list(logger.handlers)) for logger in torch_loggers]
+    with library_output(ignore=(r"for debugging purposes",)):
+        logging.getLogger().info("Use JAX lowering: aten.permute")  # litert-torch logs on the root logger
+        logging.getLogger("jax._src.xla_bridge").info("Unable to initialize backend 'tpu': no libtpu.so")
+        logging.getLogger("ai_edge_quantizer").info("Serializing model...")
+        logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found, using CUDA_HOME='/cuda'")
+        logging.getLogger("torch.utils._pytree").warning("register_constant() on Enum subclasses is deprecated")
+        logging.getLogger("torch.export").warning("a torch warning")  # torch's own glog-style handler otherwise
+        logging.getLogger("somelib").warning("Enabled for debugging purposes only")
+        warnings.warn("x is deprecated", DeprecationWarning, stacklevel=1)
+        warnings.warn("careful:\n  over two lines", UserWarning, stacklevel=1)
+        warnings.warn("intended for debugging purposes only", UserWarning, stacklevel=1)
+        print("a library's progress tree on stdout")
+    out, err = capfd.readouterr()
+    assert out.splitlines() == ["warning: a torch warning"]
+    assert err.splitlines() == ["warning: careful: over two lines"]
+    # Everything is as it was after the block.
+    assert [(logger.propagate, list(logger.handlers)) for logger in torch_loggers] == torch_state
+    assert logging.root.manager.disable == logging.NOTSET
+    assert logging.getLogger("torch.utils.cpp_extension").level == logging.NOTSET
+    logging.getLogger().info("a command's own record")
+    assert capfd.readouterr().out == "a command's own record\n"
+
+
+class _Terminal(io.TextIOWrapper):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_a_library_bar_is_drawn(capfd, monkeypatch):
+    terminal = _Terminal(open(os.dup(2), "wb"), encoding="utf-8", line_buffering=True, write_through=True)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        with library_output():
+            for _ in tqdm(range(3), desc="Running Calibration:", mininterval=0):
+                os.write(2, b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n")
+    finally:
+        terminal.close()
+    err = capfd.readouterr().err
+    assert "Running Calibration:" in err
+    assert "3/3" in err
+    assert "XNNPACK" not in err
+
+
+def test_off_a_terminal_a_library_bar_is_not_drawn(tmp_path):
+    """stderr a file (a subprocess: pytest's own capture would take Python's writes before the file does)."""
+    script = (
+        "import sys\n"
+        "from tqdm import tqdm\n"
+        "from yolo5l.base.console import library_output\n"
+        "with library_output():\n"
+        "    for _ in tqdm(range(200), desc='Running Calibration:', disable=False, mininterval=0): pass\n"
+        "    print('a library on stdout')\n"
+        "print('[yolo5l] done')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout == "[yolo5l] done\n"
+    assert r.stderr == ""
+
+
+def test_the_run_log_drops_a_rich_bar():
+    lines, _ = clean_lines("val: 8 images\nValidation ━━━━━━━━━━━━━━━━━━━━ 1/1 0:00:00 • 0:00:00 0.00it/s \n\n")
+    assert lines == ["val: 8 images", ""]
