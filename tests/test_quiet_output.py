@@ -12,11 +12,16 @@ import re
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
+import torch
 from tqdm import tqdm
 
 from yolo5l.base.console import ConsoleFormatter, ConsoleHandler, clean_lines, library_line, library_output
+from yolo5l.data.synthetic import ensure_synthetic
+from yolo5l.io.weights import load_weights, save_weights
+from yolo5l.models.yolo import YOLOv5
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]  # the synthetic dataset's classes
 IMGSZ = 64
@@ -25,7 +30,7 @@ IMGSZ = 64
 YOLO5L_LINE = re.compile(r"^(?:\[yolo5l\] |warning: |error: |Outputs:$|  \S[^:]*: |$)")
 BAR_TRACES = ("\r", "━", "it/s", "\x1b[")
 
-# ---- library_output and the run log --------------------------------------------------------------------------
+# ---- library_output and the run log -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -166,3 +171,82 @@ def test_off_a_terminal_a_library_bar_is_not_drawn(tmp_path):
 def test_the_run_log_drops_a_rich_bar():
     lines, _ = clean_lines("val: 8 images\nValidation ━━━━━━━━━━━━━━━━━━━━ 1/1 0:00:00 • 0:00:00 0.00it/s \n\n")
     assert lines == ["val: 8 images", ""]
+
+
+# ---- commands -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("quiet")
+
+
+@pytest.fixture(scope="module")
+def weights(tmp) -> Path:
+    """An untrained yolov5n for the synthetic classes."""
+    torch.manual_seed(0)
+    return save_weights(YOLOv5.from_name("yolov5n", num_classes=len(NAMES)), tmp / "w.pt", names=NAMES, half=False)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp) -> Path:
+    root = tmp / "synthetic"
+    ensure_synthetic(root, num_train=8, num_val=8, seed=0)
+    return root
+
+
+def _command(module: str, args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """`python -m yolo5l.<module> ...` with stdout and stderr pipes (not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"yolo5l.{module}", *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )  # fmt: skip
+
+
+def _not_yolo5ls(text: str) -> list[str]:
+    return [line for line in text.split("\n") if not YOLO5L_LINE.match(line)]
+
+
+# ---- weights ------------------------------------------------------------------------------------------------------
+
+
+def test_a_weights_load_prints_nothing_on_a_commands_console(weights, caplog, capfd, command_logging):
+    """The loader's `Transferred 349/349 items` record is for an API user's logging, not the console."""
+    caplog.set_level(logging.INFO)
+    command_logging()
+    _, info = load_weights(weights)
+    assert (info.transferred, info.total) == (349, 349)
+    (record,) = [r for r in caplog.records if "ransferred" in r.getMessage()]
+    assert record.getMessage() == f"Transferred 349/349 items from {weights}"
+    assert capfd.readouterr() == ("", "")
+
+
+def test_training_says_what_it_transferred_once_in_yolo5l_form(weights, dataset, tmp):
+    r = _command(
+        "train",
+        ["experiment=smoke", f"hydra.run.dir={tmp / 'run_train'}", f"data.file={dataset}/data.yaml",
+         f"data.imgsz={IMGSZ}", f"weights={weights}", "trainer.max_epochs=1", "trainer.limit_train_batches=1",
+         "trainer.limit_val_batches=1", "plots=false"],
+        tmp,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "ransferred" in line]
+    assert said == [f"[yolo5l] transferred 349/349 items from {weights} (yolov5n)"]
+    for trace in BAR_TRACES:
+        assert trace not in r.stdout + r.stderr, trace
+
+
+def test_a_load_that_then_fails_prints_the_error_only(dataset, tmp):
+    three = save_weights(YOLOv5.from_name("yolov5n", num_classes=3), tmp / "three.pt", half=False)
+    r = _command(
+        "val",
+        [f"weights={three}", f"data.file={dataset}/data.yaml", f"data.imgsz={IMGSZ}", "trainer=cpu",
+         "data.num_workers=0", f"hydra.run.dir={tmp / 'run_val_fail'}"],
+        tmp,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "ransferred" not in r.stdout + r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: {three} predicts 3 classes but the dataset has 4: pass the data= or data.file= the weights were "
+        "trained on"
+    ]

@@ -6,7 +6,7 @@
   left out. Hydra's job logging (`conf/hydra/job_logging/yolo5l.yaml`) prints log records as plain lines to stdout,
   so they reach the log the same way.
 - `ConsoleFormatter`, `ConsoleHandler`: a log record as one line (`warning: ...` for warnings), written above any
-  progress bar on screen, never on the bar's line.
+  progress bar on screen, never on the bar's line; a record marked `console: False` is left out.
 - Python warnings print as one `warning: <message>` line (no file name, line number or source line).
 - `is_terminal()`: whether stdout is a terminal; when it is not (a file, a pipe, a batch system's log), the progress
   bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
@@ -80,9 +80,16 @@ class ConsoleFormatter(logging.Formatter):
 
 class ConsoleHandler(logging.StreamHandler):
     """A console handler that writes each record above any progress bar on screen (tqdm's `write`), so that a line
-    logged during an epoch never lands on the bar's own line."""
+    logged during an epoch never lands on the bar's own line.
+
+    A record logged with `extra={"console": False}` is for an API user's own logging and stays off the console: the
+    command says what matters of it in its own line (a weights load's `Transferred 349/349 items`: training's
+    start-up line).
+    """
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "console", True) is False:
+            return
         try:
             _write_above_bars(self.format(record), self.stream)
         except Exception:

@@ -13,6 +13,12 @@ that ``torch.load(weights_only=True)`` reads; :func:`load_checkpoint` builds the
 the P5 table, ``"p6"``, or the model yaml as plain data). Every checkpoint yolo5l
 writes goes through :func:`atomic_save` (a temporary file, fsync, rename), so a crash never leaves half a file.
 
+A load prints nothing on a command's console: :class:`LoadInfo` says what was transferred, and training prints it in
+its start-up lines (``[yolo5l] transferred 349/349 items from yolov5s.pt``), where v7.0's train.py prints its
+"Transferred 349/349 items"; validation, prediction and export load the whole file and say nothing of it, as v7.0's
+val.py, detect.py and export.py do. The loader logs v7.0's line at INFO for an API user's own logging, marked to stay
+off the console (``yolo5l.base.console.ConsoleHandler``).
+
 Reference: ultralytics/yolov5 v7.0 train.py (``intersect_dicts`` by key and shape, "Transferred 349/349 items").
 """
 
@@ -114,7 +120,9 @@ def _transfer(
     if model.num_classes != file_nc:
         names = [str(i) for i in range(model.num_classes)]
     info = LoadInfo(path, names, len(new_sd), len(target), skipped, file_nc)
-    log.info("Transferred %d/%d items from %s", info.transferred, info.total, path)
+    # For an API user's logging (v7.0's words), kept off a command's console (`console: False`): a command reports
+    # what matters to its user from `info` once the load has succeeded (training's start-up line).
+    log.info("Transferred %d/%d items from %s", info.transferred, info.total, path, extra={"console": False})
     return model, info
 
 
