@@ -250,3 +250,34 @@ def test_a_load_that_then_fails_prints_the_error_only(dataset, tmp):
         f"error: {three} predicts 3 classes but the dataset has 4: pass the data= or data.file= the weights were "
         "trained on"
     ]
+
+
+# ---- exports ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fmt", "module"),
+    [("tflite", "litert_torch"), ("openvino", "nncf")],
+)
+def test_an_int8_export_prints_only_yolo5l_lines(weights, dataset, tmp, fmt, module):
+    """LiteRT: JAX's lowering notes, its TPU probe, absl's C++ lines, the quantizer's bars and its interpreter's
+    debugging note; OpenVINO: NNCF's rich bars, torch's note on a CUDA_HOME without CUDA (NNCF imports torch's
+    extension builder); torchao's deprecation notice when litert-torch loads it."""
+    pytest.importorskip(module)
+    run = tmp / f"run_{fmt}"
+    cuda_home = tmp / "cuda"  # torch notes a CUDA_HOME it finds without a CUDA runtime
+    cuda_home.mkdir(exist_ok=True)
+    r = _command(
+        "export",
+        [f"weights={weights}", f"imgsz={IMGSZ}", f"format={fmt}", "int8=true", f"calib_data={dataset}/data.yaml",
+         f"output={tmp / ('w-int8.tflite' if fmt == 'tflite' else 'w_int8_openvino_model')}", f"hydra.run.dir={run}"],
+        tmp, CUDA_HOME=str(cuda_home),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert any(line.startswith("[yolo5l] ") and "max abs difference" in line for line in r.stdout.splitlines())
+    assert _not_yolo5ls(r.stdout) == []
+    assert _not_yolo5ls(r.stderr) == []
+    for trace in BAR_TRACES:
+        assert trace not in r.stdout + r.stderr, trace
+    log = (run / "export.log").read_text()
+    assert _not_yolo5ls(log) == []

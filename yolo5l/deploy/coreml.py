@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from yolo5l.base.console import library_output
 from yolo5l.deploy._io import atomic_folder
-from yolo5l.deploy.formats import require_extra
+from yolo5l.deploy.formats import LIBRARY_NOISE, require_extra
 
 __all__ = ["CoreMLHead", "describe_coreml", "export_coreml"]
 
@@ -94,21 +95,29 @@ def export_coreml(net: nn.Module, path: Path, meta: dict[str, Any], example: Ten
     (ct,) = require_extra("format=coreml", "coremltools", extra="coreml")
     example = example[:1]
     names = list(meta["names"])
-    if opt.nms:
-        detector = _convert(ct, CoreMLHead(net, opt.imgsz), example, ["raw_confidence", "raw_coordinates"], opt.half)
-    else:
-        detector = _convert(ct, net, example, ["output0"], opt.half)
-    if opt.int8:  # 8-bit weights (v7.0 quantizes weights with k-means; linear here, which runs everywhere)
-        from coremltools.optimize.coreml import OpLinearQuantizerConfig, OptimizationConfig, linear_quantize_weights
+    # coremltools logs every op it converts and draws a bar per pass: library_output keeps its warnings only.
+    with library_output(ignore=LIBRARY_NOISE["coremltools"]):
+        if opt.nms:
+            head = CoreMLHead(net, opt.imgsz)
+            detector = _convert(ct, head, example, ["raw_confidence", "raw_coordinates"], opt.half)
+        else:
+            detector = _convert(ct, net, example, ["output0"], opt.half)
+        if opt.int8:  # 8-bit weights (v7.0 quantizes weights with k-means; linear here, which runs everywhere)
+            from coremltools.optimize.coreml import (
+                OpLinearQuantizerConfig,
+                OptimizationConfig,
+                linear_quantize_weights,
+            )
 
-        config = OptimizationConfig(global_config=OpLinearQuantizerConfig(mode="linear_symmetric"))
-        detector = linear_quantize_weights(detector, config)
-    model = ct.utils.make_pipeline(detector, _nms_model(ct, detector, len(names), names, opt)) if opt.nms else detector
-    _describe(model, meta)
-    with atomic_folder(path) as out:
-        target = out / path.name
-        model.save(str(target))
-        _flatten(target, out)
+            config = OptimizationConfig(global_config=OpLinearQuantizerConfig(mode="linear_symmetric"))
+            detector = linear_quantize_weights(detector, config)
+        nms = _nms_model(ct, detector, len(names), names, opt) if opt.nms else None
+        model = ct.utils.make_pipeline(detector, nms) if nms is not None else detector
+        _describe(model, meta)
+        with atomic_folder(path) as out:
+            target = out / path.name
+            model.save(str(target))
+            _flatten(target, out)
     return path
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
 
-__all__ = ["FORMATS", "Format", "find_format", "output_path", "require_extra"]
+__all__ = ["FORMATS", "LIBRARY_NOISE", "Format", "find_format", "output_path", "require_extra"]
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,21 @@ FORMATS: dict[str, Format] = {
 }
 
 
+#: What a format's tools print that says nothing about the user's model (regular expressions, searched), dropped by
+#: `yolo5l.base.console.library_output`: coremltools' notes, on import, that macOS's Core ML runtime is missing (it
+#: always is off macOS, where the file is not run), that its scikit-learn converter is off, and that it was not tested
+#: with this torch (the export's own check of the file is what tells).
+LIBRARY_NOISE: dict[str, tuple[str, ...]] = {
+    "coremltools": (
+        r"Failed to load '?_ML\w*Proxy", r"scikit-learn version \S+ is not supported",
+        r"has not been tested with coremltools",
+    ),
+}  # fmt: skip
+
+
 def require_extra(what: str, *modules: str, extra: str = "export") -> list[Any]:
-    """Import `modules`, or refuse in one line naming the extra that installs them.
+    """Import `modules`, or refuse in one line naming the extra that installs them. What the imports print goes
+    through `yolo5l.base.console.library_output`.
 
     Args:
         what: What needs them, the start of the message (`format=onnx`).
@@ -68,7 +82,9 @@ def require_extra(what: str, *modules: str, extra: str = "export") -> list[Any]:
         UserError: `<what> needs the <extra> extra: pip install -e ".[<extra>]"`.
     """
     try:
-        return [importlib.import_module(m) for m in modules]
+        # What importing them prints: torch's deprecation notices when torchao loads, coremltools' `LIBRARY_NOISE`.
+        with library_output(ignore=tuple(p for m in modules for p in LIBRARY_NOISE.get(m, ()))):
+            return [importlib.import_module(m) for m in modules]
     except ImportError:
         raise UserError(f'{what} needs the {extra} extra: pip install -e ".[{extra}]"') from None
 

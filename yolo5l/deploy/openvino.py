@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import atomic_folder, write_yaml
 from yolo5l.deploy.formats import require_extra
@@ -50,7 +51,9 @@ def export_openvino(
     """
     (ov,) = require_extra("format=openvino", "openvino", extra="openvino")
     stem = folder.name.removesuffix("_openvino_model") or "model"
-    with atomic_folder(folder) as tmp:
+    # library_output: NNCF's progress bars off a terminal, torch's note on CUDA_HOME when NNCF imports its extension
+    # builder, OpenVINO's own lines in yolo5l's form.
+    with atomic_folder(folder) as tmp, library_output():
         source = tmp / "source.onnx"  # convert_model reads a file; removed before the folder is renamed
         source.write_bytes(onnx_bytes)
         model = ov.convert_model(str(source))

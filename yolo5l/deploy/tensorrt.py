@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import write_yaml
 from yolo5l.deploy.formats import require_extra
@@ -112,6 +113,18 @@ def export_engine(
     """
     (trt,) = require_extra("format=engine", "tensorrt", extra="tensorrt")
     check_cuda(example.device)
+    # TensorRT's log (warnings and errors) as yolo5l's `warning: ...` lines, printed before an error that follows.
+    with library_output():
+        engine = _build(trt, onnx_bytes, path, example, opt, calibration)
+    if engine is None:
+        raise UserError("format=engine: TensorRT could not build the engine (its log above says why)")
+    atomic_write(path, bytes(engine))
+    write_yaml(path.with_suffix(".yaml"), meta)
+    return path
+
+
+def _build(trt: Any, onnx_bytes: bytes, path: Path, example: Tensor, opt: Any, calibration: list | None) -> Any:
+    """The serialized engine of :func:`export_engine` (None where TensorRT could not build it)."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # explicit batch (the only mode of TensorRT 10)
@@ -137,11 +150,7 @@ def export_engine(
             config.set_calibration_profile(profile)
     engine = builder.build_serialized_network(network, config)
     cache.unlink(missing_ok=True)
-    if engine is None:
-        raise UserError("format=engine: TensorRT could not build the engine (its log above says why)")
-    atomic_write(path, bytes(engine))
-    write_yaml(path.with_suffix(".yaml"), meta)
-    return path
+    return engine
 
 
 def load_engine(path: Path, device: torch.device) -> tuple[Callable[[Tensor], Tensor], dict[str, Any], dict]:
@@ -156,8 +165,9 @@ def load_engine(path: Path, device: torch.device) -> tuple[Callable[[Tensor], Te
     (trt,) = require_extra(f"{path.name} (TensorRT)", "tensorrt", extra="tensorrt")
     check_cuda(device if device.type == "cuda" else torch.device("cuda"))
     cuda = device if device.type == "cuda" else torch.device("cuda", 0)
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-    engine = runtime.deserialize_cuda_engine(path.read_bytes())
+    with library_output():  # TensorRT's log, as in export_engine
+        runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+        engine = runtime.deserialize_cuda_engine(path.read_bytes())
     if engine is None:
         raise UserError(f"{path}: TensorRT cannot load it (built by another TensorRT version or for another GPU?)")
     context = engine.create_execution_context()

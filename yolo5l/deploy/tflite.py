@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
 from yolo5l.deploy._io import append_metadata, read_appended_metadata
 from yolo5l.deploy.formats import require_extra
@@ -36,12 +37,17 @@ __all__ = ["convert_tflite", "export_tflite", "load_tflite", "quantize_tflite"]
 _SIGNATURE = "serving_default"
 # The quantized ops: the network's, named after the module path `StaticDecoded.model` (the decode's are not).
 _NETWORK_OPS = r".*yolo5l\.models\.yolo\.YOLOv5_model/.*"
+# The quantizer's calibration runs LiteRT's interpreter with `experimental_preserve_all_tensors`, which warns that
+# the option is for debugging: the quantizer's choice, nothing the user can act on.
+_IGNORED = (r"experimental_preserve_all_tensors",)
 
 
 @contextlib.contextmanager
 def _quiet() -> Any:
-    # litert-torch prints a progress tree of its passes on stdout; the export prints its own line.
-    with contextlib.redirect_stdout(io.StringIO()):
+    """Around LiteRT's converter, quantizer and interpreter: their output as `library_output` shows it (JAX's and
+    absl's log lines, the quantizer's bars off a terminal), and litert-torch's progress tree of its passes (on stdout,
+    on a terminal too: the export prints its own line) dropped."""
+    with library_output(ignore=_IGNORED), contextlib.redirect_stdout(io.StringIO()):
         yield
 
 
@@ -76,7 +82,8 @@ def quantize_tflite(data: bytes, half: bool = False, calibration: list[np.ndarra
             weight_num_bits=8, algorithm_key="min_max_uniform_quantize",
         )  # fmt: skip
         quantizer = aeq.Quantizer(bytearray(data), manager.get_quantization_recipe())
-        detail = _interpreter(data).get_signature_runner(_SIGNATURE).get_input_details()
+        with _quiet():
+            detail = _interpreter(data).get_signature_runner(_SIGNATURE).get_input_details()
         (name,) = detail
         batch = int(detail[name]["shape"][0])
         samples = [{name: np.repeat(x.transpose(0, 2, 3, 1), batch, 0)} for x in calibration]
@@ -134,8 +141,9 @@ def load_tflite(path: Path, device: torch.device) -> tuple[Callable[[Tensor], Te
         UserError: The `tflite` extra missing, or a file LiteRT cannot read.
     """
     try:
-        interpreter = _interpreter(os.fspath(path))
-        interpreter.allocate_tensors()
+        with library_output():  # LiteRT's `INFO: Created TensorFlow Lite XNNPACK delegate for CPU.`
+            interpreter = _interpreter(os.fspath(path))
+            interpreter.allocate_tensors()
     except (ValueError, RuntimeError) as e:
         raise UserError(f"{path}: LiteRT cannot load it ({str(e).strip().splitlines()[0]})") from None
     inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
