@@ -3,17 +3,21 @@
 `console_progress` (the `callbacks.progress_bar` node) picks by where stdout goes: on a terminal `YOLOProgressBar`,
 elsewhere (a file, a pipe, a batch system's log) `NoBar`, which draws nothing, so that a log holds no bar redraws or
 escape codes; `EpochLine` (yolo5l/callbacks/epoch_line.py) prints the one line per epoch either way.
+`with_console_progress` gives a Trainer's callback list that choice (Lightning's own default, a RichProgressBar where
+`rich` is installed, would draw its bars into a file too).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from typing_extensions import override
 
-__all__ = ["STYLES", "NoBar", "YOLOProgressBar", "console_progress"]
+__all__ = ["STYLES", "NoBar", "YOLOProgressBar", "console_progress", "with_console_progress"]
 
 STYLES = ("auto", "bar", "none")
 
@@ -31,6 +35,15 @@ class YOLOProgressBar(TQDMProgressBar):
 
     def __init__(self, refresh_rate: int = 10, leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
+
+    @override
+    def on_train_start(self, *_: Any) -> None:
+        """With `leave`, every epoch opens its own bar (`on_train_epoch_start`) and leaves it on screen when done; the
+        bar Lightning would open here, `Training: | 0/?`, would be left behind unused, so a hidden one stands in."""
+        if self._leave:
+            self.train_progress_bar = Tqdm(disable=True)
+        else:
+            super().on_train_start()
 
     @override
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
@@ -90,3 +103,14 @@ def _in_notebook() -> bool:
     import sys
 
     return type(sys.stdout).__module__.startswith("ipykernel")
+
+
+def with_console_progress(callbacks: Sequence[Callback], enabled: bool = True) -> list[Callback]:
+    """`callbacks` with `console_progress()` added where they hold no progress bar, so that a Trainer draws a bar on
+    a terminal only; with `enabled` False (`trainer.enable_progress_bar=false`) without any progress bar, since
+    Lightning refuses one then."""
+    if not enabled:
+        return [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    if any(isinstance(cb, ProgressBar) for cb in callbacks):
+        return list(callbacks)
+    return [*callbacks, console_progress()]
