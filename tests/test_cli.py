@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from yolo5l.base.errors import shown_path
 from yolo5l.tracking.loggers import CORE_COLUMNS, read_metrics_csv
 
 TESTS = Path(__file__).parent
@@ -41,7 +42,7 @@ def test_smoke_run_writes_and_prints_outputs(tmp_path):
     run = tmp_path / "run"
     for name in ("checkpoints/last.ckpt", "checkpoints/weights.pt", "metrics.csv", ".hydra/config.yaml"):
         assert (run / name).is_file(), name
-        assert str(run / name) in r.stdout  # the summary names every output
+        assert shown_path(run / name) in r.stdout  # the summary names every output (relative below the folder)
     # Everything written before exit is complete on disk.
     (events,) = run.glob("events.out.tfevents.*")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -313,11 +313,6 @@ def test_val_log_has_no_bar(val_run):
     assert "ransferred" not in r.stdout + r.stderr  # val loads the whole file and says nothing of it, as v7.0's
 
 
-@pytest.mark.xfail(
-    reason="yolo5l/val.py builds its Trainer without yolo5l.callbacks.progress_bar.with_console_progress, so "
-    "Lightning adds its RichProgressBar, which prints `Validation ━━━━ 1/1` into a file too",
-    strict=False,
-)
 def test_val_with_stdout_redirected_draws_no_bar(val_run):
     r, _ = val_run
     for trace in BAR_TRACES:

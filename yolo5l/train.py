@@ -61,9 +61,9 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         (datamodule, module, trainer).
     """
     from lightning.pytorch import seed_everything
-    from lightning.pytorch.callbacks import ProgressBar
 
     from yolo5l.base.hardware import resolve_precision, use_tensor_cores
+    from yolo5l.callbacks.progress_bar import with_console_progress
     from yolo5l.io.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
     from yolo5l.training.amp_check import check_amp
@@ -87,9 +87,11 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     precision, amp_line = check_amp(model, precision, accelerator)
     if amp_line:
         info(amp_line)
-    callbacks = _instantiate_all(cfg.get("callbacks"))
-    if not cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a progress-bar callback then
-        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    # a bar on a terminal only, none when turned off (Lightning refuses a bar callback then, and without one it adds
+    # its rich bar, which draws into redirected output too)
+    callbacks = with_console_progress(
+        _instantiate_all(cfg.get("callbacks")), cfg.trainer.get("enable_progress_bar", True)
+    )
     hc = HydraConfig.get() if HydraConfig.initialized() else None
     if hc is not None and hc.mode == RunMode.MULTIRUN:
         from yolo5l.callbacks.sweep import SweepSummary

@@ -98,11 +98,14 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
             "pass the data= or data.file= the weights were trained on"
         )
+    from yolo5l.callbacks.progress_bar import with_console_progress
+
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
     out = HydraConfig.get().runtime.output_dir
     plots = ValidationPlots(plots=bool(cfg.get("plots", True)), out_dir=out, print_table=False)  # printed below
     saved = _saved_outputs(cfg, datamodule)
-    callbacks = [plots, *saved.callbacks()]
+    # a bar on a terminal only (without a bar callback Lightning adds its rich bar, which draws into files too)
+    callbacks = with_console_progress([plots, *saved.callbacks()], cfg.trainer.get("enable_progress_bar", True))
     precision = resolve_precision(cfg.trainer.precision, str(cfg.trainer.accelerator))  # `auto` typed: the conf's rule
     trainer = instantiate(cfg.trainer, callbacks=callbacks, precision=precision, _convert_="all")
     with running():
