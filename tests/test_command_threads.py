@@ -276,3 +276,50 @@ def test_benchmark_measures_once_for_all_its_formats(free_cores, tiny, tmp_path,
     assert set(seen) == {1}
     assert capsys.readouterr().out.count("intra-op threads: 2 -> 1") == 1
     assert torch.get_num_threads() == 2
+
+
+def test_onnxruntime_and_openvino_sessions_take_the_commands_thread_count(tmp_path, monkeypatch):
+    """An exported file runs at the command's count (the cores free at its start), not its runtime's own pool of one
+    thread per physical core: onnxruntime's intra-op threads, OpenVINO's INFERENCE_NUM_THREADS."""
+    ort = pytest.importorskip("onnxruntime")
+    from yolo5l.base.errors import UserError
+    from yolo5l.deploy.exported import ExportedModel
+
+    seen = {}
+
+    def session(path, options, providers):
+        seen["ort"] = options.intra_op_num_threads
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    n = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(UserError):
+            ExportedModel(tmp_path / "m.onnx")
+    finally:
+        torch.set_num_threads(n)
+    assert seen["ort"] == 1
+    ov = pytest.importorskip("openvino")
+    from yolo5l.deploy import openvino as ov_format
+
+    class Core:
+        def read_model(self, path):
+            return "model"
+
+        def compile_model(self, model, device, config):
+            seen["ov"] = config["INFERENCE_NUM_THREADS"]
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(ov, "Core", Core)
+    folder = tmp_path / "m_openvino_model"
+    folder.mkdir()
+    (folder / "m.xml").write_text("<net/>")
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(UserError):
+            ov_format.load_openvino(folder, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(n)
+    assert seen["ov"] == 1

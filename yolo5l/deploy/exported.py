@@ -166,8 +166,10 @@ class ExportedModel:
         providers: list[Any] = ["CPUExecutionProvider"]
         if self.device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()  # the command's count (the cores free at its start)
         try:
-            session = ort.InferenceSession(str(self.path), providers=providers)
+            session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for unreadable models
             raise UserError(f"{self.path}: onnxruntime cannot load it ({str(e).splitlines()[0]})") from None
         inp, out = session.get_inputs()[0], session.get_outputs()[0]

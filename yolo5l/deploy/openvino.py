@@ -100,7 +100,9 @@ def load_openvino(path: Path, device: torch.device) -> tuple[Callable[[Tensor], 
     try:
         model = core.read_model(str(xml))
         # f32: the CPU plugin would otherwise compute in bf16 on CPUs that have it (boxes off by pixels).
-        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        # threads: the command's count (the cores free at its start), as torch's
+        config = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": torch.get_num_threads()}
+        compiled = core.compile_model(model, "CPU", config)
     except RuntimeError as e:
         raise UserError(f"{xml}: OpenVINO cannot load it ({str(e).strip().splitlines()[0]})") from None
     meta_file = xml.with_suffix(".yaml")
