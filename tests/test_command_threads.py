@@ -10,6 +10,7 @@ machine too.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -211,19 +212,24 @@ def test_export_checks_its_file_at_the_free_cores(free_cores, tiny, tmp_path, mo
 @pytest.fixture
 def busy_neighbour():
     """A `while True` loop in a session of its own (another job, as the scheduler's autogroups see it), on the
-    first two cores of this process, where the test's commands run too; yields those cores."""
+    first two cores of this process, where the test's commands run too; yields those cores. The loop is started
+    through a launcher that exits at once, so it is no child of this process: a command counts its own children's
+    CPU time (DataLoader workers) as its own, and would count the neighbour's too."""
     cores = sorted(os.sched_getaffinity(0))[:2]
     if len(cores) < 2 or hw.owned_cores() < 2:
         pytest.skip("needs two cores")
-    code = f"import os\nos.sched_setaffinity(0, {set(cores)})\nprint(flush=True)\nwhile True: pass"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    loop = f"import os\nos.sched_setaffinity(0, {set(cores)})\nprint(os.getpid(), flush=True)\nwhile True: pass"
+    launch = (
+        f"import subprocess, sys\nchild = subprocess.Popen([sys.executable, '-c', {loop!r}], "
+        "stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+        "print(child.stdout.readline().decode().strip())"
+    )
+    pid = int(subprocess.run([sys.executable, "-c", launch], capture_output=True, text=True, check=True).stdout)
     try:
-        child.stdout.readline()  # pinned, and spinning from here
-        time.sleep(0.3)
+        time.sleep(0.3)  # pinned, and spinning from here
         yield cores
     finally:
-        child.kill()
-        child.wait()
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_start_threads_measures_a_busy_neighbour(two_threads, busy_neighbour, monkeypatch):

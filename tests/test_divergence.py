@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from yolo5l.base.errors import EXIT_DIVERGED
+from yolo5l.base.errors import EXIT_DIVERGED, shown_path
 from yolo5l.training.divergence import MIN_GROWTH_BATCHES, LossGrowth, TrainingDiverged, diverged, state_problem
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
@@ -94,7 +94,7 @@ def test_exploding_loss_stops_the_lr0_run(tmp_path, synthetic):
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("training diverged at epoch 1: the training loss exploded: its mean over the epoch so far")
     assert "(module.max_loss_growth); likely cause: the learning rate (hyp.lr0=10000) is too high" in line
-    assert line.endswith(f"python -m yolo5l.train resume={last} hyp.lr0=1000")
+    assert line.endswith(f"python -m yolo5l.train resume={shown_path(last)} hyp.lr0=1000")
     assert torch.load(last, map_location="cpu", weights_only=True)["epoch"] == 0
     assert not _files_with_non_finite_tensors(run)
 
@@ -170,7 +170,7 @@ def test_non_finite_state_at_an_epoch_end_stops_before_validation_and_last_ckpt(
         "training diverged at epoch 1: the BatchNorm running statistics hold NaN or inf "
         "(model.model.2.cv1.bn.running_var); likely cause: the learning rate (hyp.lr0=0.01) is too high; resume from "
         f"the last checkpoint, all finite, with a lower rate (or start again with it if that diverges too): python -m "
-        f"yolo5l.train resume={ck / 'last.ckpt'} hyp.lr0=0.001"
+        f"yolo5l.train resume={shown_path(ck / 'last.ckpt')} hyp.lr0=0.001"
     )
     assert plant.validations == 1  # epoch 0's only
     assert torch.load(ck / "last.ckpt", map_location="cpu", weights_only=True)["epoch"] == 0
@@ -202,7 +202,7 @@ def test_the_line_names_the_cause_and_the_checkpoint(tmp_path, capsys):
     assert "trainer.precision=32) or the learning rate (hyp.lr0=0.01) is too high" in str(stop)
     assert str(stop).endswith(
         "resume from the last checkpoint, all finite, with a lower rate (or start again with it if that diverges "
-        f"too): python -m yolo5l.train resume={ck / 'last.ckpt'} hyp.lr0=0.001"
+        f"too): python -m yolo5l.train resume={shown_path(ck / 'last.ckpt')} hyp.lr0=0.001"
     )
     quiet = trainer()
     quiet.is_global_zero = False

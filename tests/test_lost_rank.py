@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from yolo5l.base.errors import EXIT_RANK_LOST
+from yolo5l.base.errors import EXIT_RANK_LOST, shown_path
 from yolo5l.callbacks.lost_rank import LostRankWatch, RankLost, collective_failure, raise_if_rank_lost
 
 TESTS = Path(__file__).parent
@@ -78,7 +78,7 @@ def test_a_failed_collective_becomes_rank_lost(tmp_path, capsys):
     line = (
         "DDP rank lost at epoch 2: rank 1 waited 20 s (callbacks.lost_rank.collective_timeout_s) for another rank in "
         "a collective: that rank died, hangs or lost its node; the job stops; resume from the last complete "
-        f"checkpoint: python -m yolo5l.train resume={tmp_path / 'checkpoints' / 'last.ckpt'}"
+        f"checkpoint: python -m yolo5l.train resume={shown_path(tmp_path / 'checkpoints' / 'last.ckpt')}"
     )
     assert capsys.readouterr().err.strip() == line
     with pytest.raises(RankLost) as stopped:
@@ -319,7 +319,7 @@ def test_ddp_rank_killed_mid_epoch_is_named_and_resumes(tmp_path, synthetic):
     assert line.startswith("DDP rank lost at epoch 1: rank 1 (pid ")
     assert line.endswith(
         ") was killed by SIGKILL (the kernel's out-of-memory killer sends SIGKILL: see dmesg); the job stops; resume "
-        f"from the last complete checkpoint: python -m yolo5l.train resume={last}"
+        f"from the last complete checkpoint: python -m yolo5l.train resume={shown_path(last)}"
     )
     assert not list((run / "checkpoints").glob(".*.tmp"))
 
@@ -357,5 +357,5 @@ def test_rank_lost_without_an_observer(tmp_path, synthetic):
     assert err.strip().splitlines()[-1] == (
         "DDP rank lost at epoch 1: rank 0 waited 10 s (callbacks.lost_rank.collective_timeout_s) for another rank in "
         "a collective: that rank died, hangs or lost its node; the job stops; resume from the last complete "
-        f"checkpoint: python -m yolo5l.train resume={last}"
+        f"checkpoint: python -m yolo5l.train resume={shown_path(last)}"
     )

@@ -21,6 +21,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from yolo5l.base.errors import shown_path
+
 TESTS = Path(__file__).parent
 ENV = {
     **os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0",
@@ -165,7 +167,7 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
-        f"preempted (SIGTERM) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={last}"
+        f"preempted (SIGTERM) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={shown_path(last)}"
     )
     ckpt = _load(last)  # written at the end of batch 1; nothing after it replaced it
     assert (ckpt["epoch"], ckpt["global_step"], ckpt["yolo5l_last_opt_step"]) == (0, 2, 1)
@@ -178,7 +180,7 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
     rc, out, err = _wait(_resume(last, "+callbacks.signal.batch=2", "+callbacks.signal.name=SIGUSR1"))
     assert rc == 128 + signal.SIGUSR1, err[-3000:]
     assert err.strip().splitlines()[-1] == (
-        f"preempted (SIGUSR1) after epoch 0: resume with python -m yolo5l.train resume={last}"
+        f"preempted (SIGUSR1) after epoch 0: resume with python -m yolo5l.train resume={shown_path(last)}"
     )
     ckpt = _load(last)
     assert (ckpt["epoch"], ckpt["global_step"]) == (0, 3)
@@ -204,7 +206,7 @@ def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthet
     last = run / "checkpoints" / "last.ckpt"
     assert rc == 128 + signal.SIGUSR1, err[-3000:]
     assert err.strip().splitlines()[-1] == (
-        f"preempted (SIGUSR1) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={last}"
+        f"preempted (SIGUSR1) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={shown_path(last)}"
     )
     rc, _, err = _wait(_resume(last))
     assert rc == 0, err[-3000:]
@@ -377,7 +379,8 @@ def test_ddp_ranks_agree_on_the_step(tmp_path, synthetic):
     last = run / "checkpoints" / "last.ckpt"
     assert rc == 128 + signal.SIGTERM, err[-3000:]
     # Signalled during batch 0; the first agreement is at global step 2, the end of batch 1.
-    assert f"preempted (SIGTERM) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={last}" in err
+    resume = f"resume with python -m yolo5l.train resume={shown_path(last)}"
+    assert f"preempted (SIGTERM) at epoch 0, batch 2 of 4: {resume}" in err
     assert _load(last)["global_step"] == 2
     rc, _, err = _wait(_resume(last), timeout=900)
     assert rc == 0, err[-3000:]

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from yolo5l.base.errors import UserError
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.callbacks.checkpoint import (
     AtomicCheckpointIO,
     CheckpointWriteError,
@@ -155,11 +155,12 @@ def test_write_error_messages(tmp_path):
     folder = tmp_path / "ck"
     folder.mkdir()
     full = write_error_message(folder / "last.ckpt", OSError(errno.ENOSPC, "No space left on device"), 21_300_000)
-    assert full.startswith(f"could not write last.ckpt in {folder} (the disk is full: it needs about 21.3 MB, ")
+    shown = shown_path(folder)
+    assert full.startswith(f"could not write last.ckpt in {shown} (the disk is full: it needs about 21.3 MB, ")
     assert full.endswith("free there); no earlier last.ckpt was written there")
     (folder / "best.pt").write_bytes(b"x")
     ro = write_error_message(folder / "best.pt", OSError(errno.EROFS, "Read-only file system"), None)
-    assert ro.startswith(f"could not write best.pt in {folder} (the folder is on a read-only filesystem: ")
+    assert ro.startswith(f"could not write best.pt in {shown} (the folder is on a read-only filesystem: ")
     assert ro.endswith("free there); the previous best.pt there is whole")
 
 
