@@ -8,7 +8,12 @@ leaves, fewer threads that do not help) is exact and independent of this machine
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -184,10 +189,29 @@ def test_owned_cores_reads_the_cgroup_quota(tmp_path, monkeypatch):
     assert hw.owned_cores() == 1
 
 
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="the kernel keeps no scheduler statistics")
 def test_scheduler_readings_on_this_machine():
-    delay, idle = ct.run_delay_seconds(), ct.idle_cores()
-    assert delay is None or delay >= 0.0
-    assert idle is None or idle > 0.0
+    """This process and a spinning neighbour pinned to one core: each waits for the other, so this process's run
+    delay grows by a good part of the wall time, and the core has (almost) no idle time in it."""
+    core = min(os.sched_getaffinity(0))
+    old = os.sched_getaffinity(0)
+    code = f"import os\nos.sched_setaffinity(0, {{{core}}})\nprint(flush=True)\nwhile True: pass"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        os.sched_setaffinity(0, {core})
+        delay0, idle0, t0 = ct.run_delay_seconds(), ct.idle_cores({core}), time.perf_counter()
+        while time.perf_counter() - t0 < 0.6:
+            pass
+        delay1, idle1, wall = ct.run_delay_seconds(), ct.idle_cores({core}), time.perf_counter() - t0
+    finally:
+        os.sched_setaffinity(0, old)
+        child.kill()
+        child.wait()
+    assert delay0 is not None
+    assert idle0 is not None
+    assert 0.15 * wall < delay1 - delay0 < wall  # about half of it, shared with the neighbour
+    assert 0.0 <= idle1 - idle0 < 0.1 * wall + 0.02  # /proc/stat counts in ticks of 10 ms
 
 
 def test_the_run_starts_at_the_cores_free_at_its_start(host, monkeypatch):
