@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: venv train test test-all lint bench clean
+.PHONY: venv refvenv train test test-ci test-all lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,11 +30,33 @@ $(BIN)/.installed-extras: $(BIN)/.installed
 
 venv: $(BIN)/.installed-extras
 
+# The ultralytics/yolov5 v7.0 reference (PyPI yolov5==7.0.14) that the `reference` tests run yolo5l against, in
+# .refvenv: it sees .venv's packages through a .pth file (the same torch, onnxruntime and LiteRT, no second copy of
+# torch) and adds v7.0's own requirements on top, with the pins v7.0 needs (pkg_resources from setuptools<81,
+# np.trapz from numpy<2.4, openvino.runtime from openvino<2026). pip's resolver notes about .venv's own packages,
+# which it sees but does not manage, go to .refvenv/pip.log.
+REF := .refvenv
+$(REF)/.installed: $(BIN)/.installed-extras
+	test -x $(REF)/bin/python || $(PY) -m venv $(REF)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> $$($(REF)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_yolo5l_venv.pth
+	$(REF)/bin/python -m pip install -q "yolov5==7.0.14" "setuptools<81" "numpy<2.4" "openvino<2026" 2> $(REF)/pip.log \
+		|| (cat $(REF)/pip.log; exit 1)
+	touch $@
+
+refvenv: $(REF)/.installed
+
 train: $(BIN)/.installed
 	$(BIN)/python -m yolo5l.train experiment=quickstart $(ARGS)
 
 test: venv
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# What CI runs after `make test`: the tests behind the `heavy` marker (every export format end to end, the trackers),
+# and the `reference` tests against v7.0 in .refvenv, where a skip counts as a failure.
+test-ci: venv refvenv
+	$(BIN)/python -m pytest -q -m heavy $(ARGS)
+	YOLO5L_REQUIRE_REFERENCE=1 $(BIN)/python -m pytest -q -m reference $(ARGS)
 
 test-all: venv
 	$(BIN)/python -m pytest -q -m "" $(ARGS)
@@ -48,4 +70,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_train.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .test-scratch
+	rm -rf $(VENV) $(REF) *.egg-info .pytest_cache .test-scratch

@@ -33,6 +33,7 @@ from yolo5l.data.synthetic import ensure_synthetic
 from yolo5l.deploy.exported import load_exported
 from yolo5l.export import export_weights
 
+pytestmark = pytest.mark.reference  # make refvenv; CI runs them with make test-ci
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]
 # format -> (the export's overrides, the runtime module the format needs here)

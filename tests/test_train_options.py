@@ -229,6 +229,7 @@ def test_class_maps_fill_classes_without_validation_labels_with_the_mean():
     np.testing.assert_allclose(class_maps(np.array([0, 2]), np.array([0.2, 0.6]), 4), [0.2, 0.4, 0.6, 0.4])
 
 
+@pytest.mark.reference
 def test_image_weights_match_v7(reference):
     np.testing.assert_array_equal(class_weights(LABELS, 4), np.array(reference["class_weights"], np.float32))
     weights = ImageWeights(LABELS, 4)
@@ -402,6 +403,7 @@ def test_quad_hand_layout():
     assert t[:, 0].tolist() == sorted(t[:, 0].tolist())
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("case", range(len(QUAD_DRAWS)))
 def test_quad_matches_v7_collate_fn4(reference, case):
     """v7.0's collate_fn4 with its random draws fixed against quad_images + quad_targets."""
