@@ -216,7 +216,7 @@ def test_coreml_declares_inputs_outputs_and_metadata(weights, tmp, nms):
         assert {"iouThreshold", "confidenceThreshold"} <= set(desc["inputs"])
     else:
         assert list(desc["outputs"]) == ["output0"]
-    with pytest.raises(UserError, match="CoreML models run on macOS"):
+    with pytest.raises(UserError, match="do not run Core ML models .on any system.: load it in a Core ML app on macOS or iOS"):
         load_exported(path)
 
 
