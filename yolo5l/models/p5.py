@@ -54,11 +54,13 @@ SAVE: tuple[int, ...] = (4, 6, 10, 14, 17, 20, 23)
 
 
 def make_divisible(x: float, divisor: int = 8) -> int:
+    """``ceil(x / divisor) * divisor``: channel counts after the width multiple."""
     return int(math.ceil(x / divisor) * divisor)
 
 
 def scaled_repeats(n: int, depth: float) -> int:
-    # parse_model: n' = max(round(n * depth), 1) only when n > 1 (3 -> 1, 6 -> 2, 9 -> 3 at 0.33).
+    """A row's ``number`` after the depth multiple, as v7.0's ``models/yolo.py::parse_model``:
+    ``max(round(n * depth), 1)`` when ``n > 1`` (3 -> 1, 6 -> 2, 9 -> 3 at 0.33)."""
     return max(round(n * depth), 1) if n > 1 else n
 
 

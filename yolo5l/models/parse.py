@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import itertools
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from torch import Tensor, nn
 import yolo5l.models.blocks as blocks
 from yolo5l.models.common import BN_EPS, BN_MOMENTUM, C3, SPPF, Bottleneck, Concat, Conv
 from yolo5l.models.head import Detect, anchors_to_tensor, make_upsample
-from yolo5l.models.p5 import p5_rows
+from yolo5l.models.p5 import make_divisible, p5_rows, scaled_repeats
 
 __all__ = [
     "ANCHORS_P3_P6",
@@ -106,16 +105,6 @@ _CHANNEL_BLOCKS = {
 _REPEAT_INSIDE = {blocks.BottleneckCSP, C3, blocks.C3TR, blocks.C3Ghost, blocks.C3x}
 _ACTIVATIONS = ("SiLU", "ReLU", "ReLU6", "LeakyReLU", "Hardswish", "Mish", "GELU", "ELU", "Sigmoid", "Tanh", "Identity")
 _STRIDE_PROBE = 256  # v7.0 measures the strides on a 256x256 input ("2x min stride")
-
-
-def make_divisible(x: float, divisor: int = 8) -> int:
-    """``ceil(x / divisor) * divisor``: channel counts after the width multiple."""
-    return int(math.ceil(x / divisor) * divisor)
-
-
-def scaled_repeats(n: int, depth: float) -> int:
-    """A row's ``number`` after the depth multiple: ``max(round(n * depth), 1)`` when ``n > 1`` (3 -> 1 at 0.33)."""
-    return max(round(n * depth), 1) if n > 1 else n
 
 
 def _plain(obj: Any) -> Any:
