@@ -129,7 +129,10 @@ def _advice(datamodule: Any) -> str:
         tips.append("decode and augment on the GPU with data.pipeline=device")
     if not cpu_auto and (n_workers is None or n_workers < (os.cpu_count() or 1)):
         tips.append("raise data.num_workers (one per free CPU core)")
-    if getattr(datamodule, "cache_used", getattr(datamodule, "cache", "none")) == "none":
+    fell_back = getattr(datamodule, "cache_reason", "")  # the cache asked for did not fit: what it says to do
+    if fell_back:
+        tips.append(f"cache decoded images (data.cache={getattr(datamodule, 'cache', '?')}: {fell_back})")
+    elif getattr(datamodule, "cache_used", getattr(datamodule, "cache", "none")) == "none":
         tips.append("cache decoded images with data.cache=ram (data.cache=disk when RAM is short)")
     if n_workers != 0 and not getattr(datamodule, "persistent_workers", False):
         tips.append("set data.persistent_workers=true")

@@ -171,7 +171,7 @@ class YOLODataModule(LightningDataModule):
         self.cache, self.pipeline = cache, pipeline
         self.device_cache_reserve = int(float(device_cache_reserve_gb) * 2**30)
         self.device_cache: DeviceCache | None = None
-        self.input_pipeline, self.cache_used, self.input_reason = "host", cache, ""  # resolved in setup
+        self.input_pipeline, self.cache_used, self.input_reason, self.cache_reason = "host", cache, "", ""  # setup
         self.cache_dir = cache_dir
         self.reduced_decode = bool(reduced_decode)
         self.persistent_workers = persistent_workers
@@ -313,12 +313,16 @@ class YOLODataModule(LightningDataModule):
             self._print("cache", "train: data.cache=device needs data.pipeline=device; caching in RAM instead")
 
     def _fill_train_cache(self, ds: YOLODataset) -> str:
-        """Fill the training images' cache and, for the device pipeline, set what the workers send; the summary."""
+        """Fill the training images' cache and, for the device pipeline, set what the workers send; the summary.
+        `cache_used` is then the cache in use: "none" when the images did not fit, and `cache_reason` says why."""
+        asked = self.cache_used
         if self.input_pipeline == "host":
-            return ds.fill_cache()
-        line, self.device_cache, self.cache_used = plan_on_device(
-            ds, self.cache_used, self.train_device(), self.device_cache_reserve
-        )
+            line, self.cache_used = ds.fill_cache(), ds.cache.mode  # the mode once filled: "none" if it did not fit
+        else:
+            planned = plan_on_device(ds, asked, self.train_device(), self.device_cache_reserve)
+            line, self.device_cache, self.cache_used = planned
+        if self.cache_used == "none" != asked:
+            self.cache_reason = line.removeprefix(ds.prefix).split("; ")[0]  # the summary line says why
         return line
 
     def device_wait_seconds(self) -> float:
@@ -382,14 +386,11 @@ class YOLODataModule(LightningDataModule):
 
     def _uses_accelerator(self) -> bool:
         trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return torch.cuda.is_available()
-        return trainer.strategy.root_device.type != "cpu"
+        return torch.cuda.is_available() if trainer is None else trainer.strategy.root_device.type != "cpu"
 
     def train_workers(self) -> int:
         """The training loader's worker count (``num_workers`` resolved, see the class docstring)."""
-        trainer = getattr(self, "trainer", None)
-        local_devices = max(1, int(getattr(trainer, "num_devices", 1) or 1)) if trainer is not None else 1
+        local_devices = max(1, int(getattr(getattr(self, "trainer", None), "num_devices", 1) or 1))
         return loader_workers(self.num_workers, self._uses_accelerator(), local_devices)
 
     def _val_workers(self) -> int:
@@ -424,8 +425,7 @@ class YOLODataModule(LightningDataModule):
     def _mosaic_off_from(self) -> int | None:
         if self.close_mosaic <= 0:
             return None
-        trainer = getattr(self, "trainer", None)
-        max_epochs = getattr(trainer, "max_epochs", None) if trainer is not None else None
+        max_epochs = getattr(getattr(self, "trainer", None), "max_epochs", None)
         if max_epochs is None or max_epochs < 0:
             return None
         return max(0, max_epochs - self.close_mosaic)

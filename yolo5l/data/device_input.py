@@ -159,8 +159,8 @@ class DeviceCache:
 
 def plan_on_device(ds: Any, cache: str, device: torch.device, reserve: int) -> tuple[str, DeviceCache | None, str]:
     """Set a training dataset up for the device pipeline with ``data.cache=cache``: fill its cache (the host's, or
-    a :class:`DeviceCache` on ``device``, which falls back to no cache when it does not fit) and say what its
-    workers send. Returns the summary line, the device cache (or None) and the cache in use."""
+    a :class:`DeviceCache` on ``device``, which falls back to no cache when it does not fit, as the host's does) and
+    say what its workers send. Returns the summary line, the device cache (or None) and the cache in use."""
     if cache == "device":
         device_cache = DeviceCache(ds, device, reserve)
         if device_cache.fill(ds.indices):
@@ -169,7 +169,8 @@ def plan_on_device(ds: Any, cache: str, device: torch.device, reserve: int) -> t
         ds.plan_on_device("bytes")
         return f"{device_cache.message}; no image cache (data.cache=ram or disk hold it on the host)", None, "none"
     ds.plan_on_device("bytes" if cache == "none" else "pixels")
-    return ds.fill_cache(), None, cache
+    line = ds.fill_cache()
+    return line, None, ds.cache.mode  # "none" when the host's cache did not fit
 
 
 class DeviceInput:
