@@ -9,8 +9,9 @@ replaces the file's anchors (v7.0 leaves the file's anchors out of the transfer 
 ``depth_multiple``, ``width_multiple`` and ``anchors`` unless those are typed too.
 
 ``cfg.model`` stays as the user gave it (so a resumed run's command line still matches it); what was built goes into
-``cfg.model_built`` (depth, width, anchors in pixels, and ``cfg``: None for P5, ``"p6"``, or the model yaml as plain
-data), which the run's saved config keeps: ``resume=`` rebuilds from it without the weights file or the yaml.
+``cfg.model_built`` (its name, ``yolov5n`` or a description, then depth, width, anchors in pixels, and ``cfg``: None
+for P5, ``"p6"``, or the model yaml as plain data), which the run's saved config keeps: ``resume=`` rebuilds from it
+without the weights file or the yaml.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def _yaml_kwargs(cfg: DictConfig, typed: dict[str, str]) -> dict[str, Any]:
 def _record(cfg: DictConfig, model: Any) -> None:
     anchors = model.anchor_pixels().detach().cpu().reshape(model.detect.nl, -1).tolist()
     with open_dict(cfg):
-        cfg.model_built = {"depth": model.depth, "width": model.width, "anchors": anchors, "cfg": model.cfg}
+        cfg.model_built = {
+            "name": model.describe(), "depth": model.depth, "width": model.width, "anchors": anchors, "cfg": model.cfg,
+        }  # fmt: skip
 
 
 def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
@@ -105,6 +108,7 @@ def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | No
     if not cfg.get("weights"):
         built = cfg.get("model_built")  # a resumed run: what it trained, not what its command line asked for
         kwargs = OmegaConf.to_container(built) if built is not None else _yaml_kwargs(cfg, typed)
+        kwargs.pop("name", None)  # what the run's config calls it, not an argument
         model, info = _instantiate(cfg.model, num_classes, kwargs), None
     else:
         model, info = _from_weights(cfg, num_classes, typed)
