@@ -24,6 +24,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from yolo5l.base.errors import UserError, shown_path
@@ -355,17 +356,19 @@ class RunConfig(Callback):
     rebuilds the same run without the original command line.
 
     Args:
-        config: the composed config as plain containers (interpolations kept).
+        config: the run's config itself, read at each save (what the run settled after it was built is in it:
+            `yolo5l.run_info.settle`), or plain containers; interpolations are kept.
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: DictConfig | dict[str, Any]) -> None:
         self.config = config
 
     @override
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        checkpoint[CONFIG_KEY] = self.config
+        config = self.config
+        checkpoint[CONFIG_KEY] = OmegaConf.to_container(config) if isinstance(config, DictConfig) else config
 
 
 @dataclass
