@@ -350,6 +350,11 @@ RESUME_MAY_CHANGE = (
 )  # fmt: skip
 
 
+#: Values that ask the run to settle something (a batch size search, the precision `auto` picks): typed again on a
+#: resume's command line, they take what the run settled, which its checkpoint holds.
+SETTLE_REQUESTS = {"data.batch_size": -1, "trainer.precision": "auto"}
+
+
 def _override_key(override: str) -> str:
     key = override.split("=", 1)[0].lstrip("+~")
     return key.removeprefix("override ").strip().replace("/", ".")
@@ -357,7 +362,8 @@ def _override_key(override: str) -> str:
 
 def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Sequence[str], path: Any) -> DictConfig:
     """The config of a resumed run: the checkpoint's own (`saved`), with the command line's overrides applied where
-    `RESUME_MAY_CHANGE` allows. An override of anything else must agree with the checkpoint's run.
+    `RESUME_MAY_CHANGE` allows. An override of anything else must agree with the checkpoint's run, but for a
+    request the run settled (`SETTLE_REQUESTS`). A precision `auto` picked is picked again on another accelerator.
 
     Args:
         cfg: the config composed from this command line.
@@ -382,6 +388,8 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
             else:
                 OmegaConf.update(merged, key, mine, merge=False, force_add=True)
             continue
+        if key in SETTLE_REQUESTS and mine == SETTLE_REQUESTS[key]:
+            continue
         theirs = OmegaConf.select(merged, key, default=None, throw_on_missing=False)
         as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
         if as_plain[0] != as_plain[1]:
@@ -391,6 +399,10 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
             )
     with open_dict(merged):
         merged.weights = None  # the checkpoint holds the weights: the run's starting weights are not read again
+    picked = str(OmegaConf.select(merged, "sources.trainer.precision", default="")).startswith("auto")
+    if picked and any(_override_key(o) == "trainer.accelerator" for o in overrides):
+        merged.trainer.precision = "auto"
+        del merged.sources.trainer["precision"]
     return merged
 
 
