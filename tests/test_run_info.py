@@ -47,6 +47,19 @@ def test_source_of_each_value():
     assert source_of("data.reduced_decode", [], {"data": "coco128"}) is None  # the shipped default
     assert source_of("data.cache", [], {}, resumed=True) == "the checkpoint"
     assert source_of("data.cache", ["data.cache=ram"], {}, resumed=True) == "command line"
+    # A group override picks an option: the values under it are the option's (or the defaults), not typed.
+    assert source_of("data.cache", ["data=coco128"], {"data": "coco128"}) == "data=coco128"
+    assert source_of("data.batch_size", ["data=coco128", "data.file=x.yaml"], {"data": "coco128"}) is None
+    assert source_of("model", ["model=yolov5n"], {"model": "yolov5n"}) == "command line"
+    assert source_of("model", [], {"experiment": "smoke"}) == "experiment=smoke"  # `override /model: yolov5n`
+
+
+def _hydra() -> tuple[list[str], dict[str, str]]:
+    """The current Hydra run's overrides and group choices (what the start-up block's sources read)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get()
+    return list(hc.overrides.task), dict(hc.runtime.choices)
 
 
 def test_start_up_block_rows(tmp_path):
@@ -54,11 +67,10 @@ def test_start_up_block_rows(tmp_path):
         ["experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.cache=ram", "data.imgsz=64"],
         output_dir=tmp_path / "run",
     )
-    from hydra.core.hydra_config import HydraConfig
-
     datamodule, module, trainer = build(cfg)
-    rows = training_rows(cfg, datamodule, module, trainer, HydraConfig.get())
-    assert rows["model"].startswith("yolov5n: 1.77 M parameters, 0.04 GFLOPs at 64 px")
+    rows = training_rows(cfg, datamodule, module, trainer, *_hydra())
+    model = "yolov5n, depth 0.33, width 0.25: 1.77 M parameters, 0.04 GFLOPs at 64 px   [experiment=smoke]"
+    assert rows["model"] == model  # the experiment picks the model: `override /model: yolov5n`
     assert rows["image size"] == "64   [command line]"
     assert rows["cache"] == "ram   [command line]"
     assert rows["batch"] == "8 in all, 8 per device   [experiment=smoke]"
@@ -71,19 +83,17 @@ def test_start_up_block_rows(tmp_path):
 
 def test_start_up_block_says_which_input_path_and_cache(tmp_path):
     """The device path on the device the run trains on; a device cache the host path cannot use, and why."""
-    from hydra.core.hydra_config import HydraConfig
-
     base = ["experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.imgsz=64"]
     cfg = compose_config([*base, "data.pipeline=device", "data.cache=device"], output_dir=tmp_path / "a")
     datamodule, module, trainer = build(cfg)
-    rows = training_rows(cfg, datamodule, module, trainer, HydraConfig.get())
+    rows = training_rows(cfg, datamodule, module, trainer, *_hydra())
     assert rows["pipeline"] == "device: images decoded and augmented on cpu   [command line]"
     assert rows["cache"] == "device   [command line]"
     cfg = compose_config([*base, "data.cache=device", "data.num_workers=2"], output_dir=tmp_path / "b")
     datamodule, module, trainer = build(cfg)
-    rows = training_rows(cfg, datamodule, module, trainer, HydraConfig.get())
+    rows = training_rows(cfg, datamodule, module, trainer, *_hydra())
     assert rows["pipeline"] == "host: images decoded and augmented by 2 workers   [auto: not CUDA]"
-    assert rows["cache"] == "ram   [data.cache=device needs data.pipeline=device]"
+    assert rows["cache"] == "ram   [fallback: data.cache=device needs data.pipeline=device]"
 
 
 def test_more_cpu_processes_than_cores_is_a_warning():

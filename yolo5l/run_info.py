@@ -1,16 +1,23 @@
 """What a run uses, shown before it starts: one block of model, image size, batch, cache, workers, precision,
 devices and data, each value with where it came from when that is not the shipped default.
 
-    Run: runs/train/2026-01-05_10-00-00
-      model:      yolov5n: 1.77 M parameters, 0.2 GFLOPs at 128 px   [experiment=smoke]
-      image size: 128                                                 [experiment=smoke]
-      batch:      8 in all, 8 per device                              [command line]
-      workers:    0 per device                                        [auto: the CPU's cores go to compute]
+    Training in runs/train/2026-01-05_10-00-00:
+      model:      yolov5n, depth 0.33, width 0.25: 1.77 M parameters, 4.1 GFLOPs at 640 px   [weights]
+      data:       datasets/mine/data.yaml, 4 classes   [command line]
+      image size: 640   [v7.0's default for a dataset file]
+      batch:      24 in all, 24 per device   [batch search]
+      cache:      none   [fallback: RAM cache disabled: 5000 images need 6.14 GB (x1.1 headroom) but only ...]
       ...
 
 The sources are: `command line`, the config option that set it (`experiment=smoke`, `data=coco128`,
-`trainer=cpu`), `auto: <why>` for a value yolo5l resolved (yolo5l/base/hardware.py), `the weights` for what val,
-predict and export take from a weights file, `the checkpoint` for a resumed run's own settings.
+`trainer=cpu`), `v7.0's default for a dataset file` (`${if_file:...}` in conf/data/synthetic.yaml), `weights` for the
+model a weights file holds, `batch search`, `auto: <why>` for a value yolo5l resolved (yolo5l/base/hardware.py),
+`fallback: <why>` for a value the run fell back to (the AMP check, a cache that does not fit), `the checkpoint` for a
+resumed run's own settings, and `the weights` for what val, predict and export take from a weights file.
+
+The values settled while the run is built and set up (`SETTLED`: the model, image size, batch, cache, precision) are
+written into the run's config with their sources (`settle`: the key itself, and `sources.<key>`), so that
+`.hydra/config.yaml`, every checkpoint's copy of the config (what `resume=` reads) and this block say the same.
 """
 
 from __future__ import annotations
@@ -19,13 +26,27 @@ import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+from typing_extensions import override
+
+from yolo5l.base.errors import shown_path
+from yolo5l.io.files import atomic_write
+
 __all__ = [
-    "cpu_oversubscription", "data_from_weights", "model_gflops", "print_block", "source_of", "training_rows",
+    "SETTLED", "EffectiveConfig", "cpu_oversubscription", "data_from_weights", "model_gflops", "print_block", "settle",
+    "settle_build", "settle_cache", "source_of", "training_rows",
 ]  # fmt: skip
 
 _GLOBAL_GROUPS = ("debug", "experiment", "hparams_search")  # `# @package _global_` options: keys from the root
+#: The values a run settles while it is built and set up, each recorded with its source in `sources.<key>`.
+SETTLED = ("model", "data.imgsz", "data.batch_size", "data.cache", "trainer.precision")
+DEFAULT = "default"  # the source of a value conf/ ships (the block shows none)
+FILE_DEFAULT = "v7.0's default for a dataset file"
 
 
 @cache
@@ -48,6 +69,9 @@ def _option_keys(group: str, option: str) -> frozenset[str]:
                     walk(f"{prefix}{k}.", v)
 
     walk("", tree)
+    for entry in tree.get("defaults") or []:  # `override /model: yolov5n` (an experiment picks a model)
+        if isinstance(entry, dict):
+            keys |= {str(k).removeprefix("override ").strip().lstrip("/") for k in entry}
     return frozenset(keys)
 
 
@@ -55,15 +79,21 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~").replace("/", ".")
 
 
+def _is_group(key: str) -> bool:
+    """Whether `key` (`data`, `module.optimizer`) is a config group: its override picks an option, not values."""
+    return files("yolo5l.conf").joinpath(*key.split(".")).is_dir()
+
+
 def source_of(
     key: str, overrides: Sequence[str] = (), choices: Mapping[str, Any] | None = None, resumed: bool = False
 ) -> str | None:
     """Where the value of `key` (`data.imgsz`) came from: `command line`, the option that set it
-    (`experiment=smoke`, `data=coco128`), `the checkpoint` (resumed run), or None for the shipped default."""
-    for override in reversed(list(overrides)):
-        k = _override_key(override)
-        if k == key or key.startswith(f"{k}.") or k.startswith(f"{key}."):  # the key, a node above or below it
-            return "command line"
+    (`experiment=smoke`, `data=coco128`), `the checkpoint` (resumed run), or None for the shipped default. A group
+    override (`data=coco128`) types the group only: the values under it are its option's."""
+    for typed in reversed(list(overrides)):
+        k = _override_key(typed)
+        if k == key or (not _is_group(k) and (key.startswith(f"{k}.") or k.startswith(f"{key}."))):
+            return "command line"  # the key, a node above or below it
     if resumed:
         return "the checkpoint"
     choices = choices or {}
@@ -127,42 +157,157 @@ def _count(n: float) -> str:
     return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n / 1e3:.1f} K"
 
 
-def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cfg: Any = None) -> dict[str, str]:
-    """The start-up block of a training run: label -> `value   [source]`."""
-    from lightning.pytorch.accelerators import CPUAccelerator
-    from omegaconf import OmegaConf
+def _auto(value: Any) -> bool:
+    """`auto`, or a conf default that yolo5l.base.resolvers resolves (`${auto_precision:...}`)."""
+    return str(value) == "auto" or str(value).startswith("${auto_")
 
-    from yolo5l.base.errors import shown_path
-    from yolo5l.base.hardware import loader_workers, precision_reason
 
-    overrides = list(hydra_cfg.overrides.task) if hydra_cfg is not None else []
-    choices = dict(hydra_cfg.runtime.choices) if hydra_cfg is not None else {}
+def _raw(cfg: Any, key: str) -> Any:
+    """The value of `key` as composed, interpolations unresolved (`${if_file:${.file},640,320}`)."""
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    return OmegaConf.to_container(node, resolve=False).get(leaf) if OmegaConf.is_dict(node) else None
+
+
+def _recorded(cfg: Any, key: str) -> str | None:
+    value = OmegaConf.select(cfg, f"sources.{key}", default=None, throw_on_missing=False)
+    return None if value is None else str(value)
+
+
+def _typed_now(cfg: Any, overrides: Sequence[str]) -> list[str]:
+    """The overrides that set something: on a resume, a request the run settled typed again (`data.batch_size=-1`,
+    `yolo5l.config.SETTLE_REQUESTS`) sets nothing, its checkpoint holds what the run settled."""
+    from yolo5l.config import SETTLE_REQUESTS
+
+    if not cfg.get("resume"):
+        return list(overrides)
+    requests = {f"{k}={v}" for k, v in SETTLE_REQUESTS.items()}
+    return [o for o in overrides if o.strip() not in requests]
+
+
+def _source(cfg: Any, key: str, overrides: Sequence[str], choices: Mapping[str, Any]) -> str:
+    """Where the composed value of `key` came from, before the run settles it: a resumed run's recorded source
+    unless this command line types the key; `auto: <why>` for the precision `auto` picks; v7.0's default for a
+    dataset file (`${if_file:...}` with `data.file` given); the command line or a config option; else `default`."""
+    from yolo5l.base.hardware import precision_reason
+
     resumed = bool(cfg.get("resume"))
+    if resumed and source_of(key, overrides) is None and _recorded(cfg, key) is not None:
+        return str(_recorded(cfg, key))
+    raw = _raw(cfg, key)
+    if key == "trainer.precision" and _auto(raw):
+        return f"auto: {precision_reason(str(cfg.trainer.accelerator))}"
+    if isinstance(raw, str) and raw.startswith("${if_file:") and cfg.data.get("file"):
+        return FILE_DEFAULT
+    return source_of(key, overrides, choices, resumed) or DEFAULT
 
-    def auto(
-        value: Any,
-    ) -> bool:  # `auto`, or a conf default that yolo5l.base.resolvers resolves (`${auto_precision:...}`)
-        return str(value) == "auto" or str(value).startswith("${auto_")
 
-    raw_trainer = OmegaConf.to_container(cfg.trainer, resolve=False) if OmegaConf.is_config(cfg.trainer) else {}
+def settle(cfg: Any, key: str, value: Any, source: str) -> None:
+    """Record what the run uses for `key` in its config: `value` in the key itself (None leaves it: the model,
+    whose build `model_built` records) and where it came from in `sources.<key>`."""
+    with open_dict(cfg):
+        if value is not None:
+            OmegaConf.update(cfg, key, value, merge=False)
+        OmegaConf.update(cfg, f"sources.{key}", source, force_add=True)
+
+
+def settle_build(
+    cfg: Any,
+    datamodule: Any,
+    trainer: Any,
+    precision: Any,
+    from_weights: bool,
+    overrides: Sequence[str] = (),
+    choices: Mapping[str, Any] | None = None,
+) -> None:
+    """Settle what `yolo5l.train.build` decided (`SETTLED`): the model built (`weights` when a weights file chose
+    it), the image size and batch as composed (a batch search settles the batch again), the cache as the
+    pipeline allows it (the set-up settles it again when the images do not fit: `settle_cache`), and the precision
+    the Trainer got (`precision`: a fallback when the AMP check turned a mixed precision into 32-true).
+
+    Args:
+        cfg: the run's config, written in place.
+        datamodule: the run's YOLODataModule.
+        trainer: the run's Trainer (its device decides the pipeline).
+        precision: the precision the Trainer was given.
+        from_weights: whether `weights=` built the model.
+        overrides: the command line's overrides.
+        choices: Hydra's group choices (`model: yolov5n`).
+    """
+    from yolo5l.base.hardware import resolve_precision
+
+    choices, overrides = choices or {}, _typed_now(cfg, overrides)
+    sources = {key: _source(cfg, key, overrides, choices) for key in SETTLED}  # before any value is written
+    if from_weights and not cfg.get("resume"):
+        sources["model"] = "weights"
+    asked = resolve_precision(cfg.trainer.precision, str(cfg.trainer.accelerator))
+    if str(precision) != str(asked):
+        sources["trainer.precision"] = f"fallback: the AMP check failed for {asked} on this GPU"
+    _, cache, _ = datamodule.resolve_input(trainer.strategy.root_device)
+    if cache != str(cfg.data.cache):
+        sources["data.cache"] = f"fallback: data.cache={cfg.data.cache} needs data.pipeline=device"
+    values = {
+        "model": None, "data.imgsz": int(cfg.data.imgsz), "data.batch_size": int(cfg.data.batch_size),
+        "data.cache": cache, "trainer.precision": precision,
+    }  # fmt: skip
+    for key in SETTLED:
+        settle(cfg, key, values[key], sources[key])
+
+
+def settle_cache(cfg: Any, datamodule: Any) -> None:
+    """Settle `data.cache` as the training set-up left it: `none` when the images did not fit (RAM, disk or GPU
+    memory), with the data module's reason as the source."""
+    used, why = getattr(datamodule, "cache_used", None), getattr(datamodule, "cache_reason", "")
+    if used is not None and used != str(cfg.data.cache):
+        settle(cfg, "data.cache", used, f"fallback: {why}" if why else "fallback")
+
+
+def _model_text(model: Any, imgsz: int) -> str:
+    """`yolov5n, depth 0.33, width 0.25: 1.77 M parameters, 4.5 GFLOPs at 640 px`: the model as built."""
+    params = sum(p.numel() for p in model.parameters())
+    gflops = model_gflops(model, imgsz)
+    flops = f", {gflops:.{1 if gflops >= 1 else 2}f} GFLOPs at {imgsz} px" if gflops is not None else ""
+    describe = getattr(model, "describe", None)
+    name = describe() if callable(describe) else type(model).__name__
+    if hasattr(model, "depth") and "depth" not in name:  # a released size: its multiples too
+        name = f"{name}, depth {model.depth:g}, width {model.width:g}"
+    return f"{name}: {_count(params)} parameters{flops}"
+
+
+def training_rows(
+    cfg: Any,
+    datamodule: Any,
+    module: Any,
+    trainer: Any,
+    overrides: Sequence[str] = (),
+    choices: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """The start-up block of a training run: label -> `value   [source]`. The settled values (`SETTLED`) are
+    shown as `cfg` records them, with their recorded sources."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    from yolo5l.base.hardware import loader_workers
+
+    choices, overrides = choices or {}, _typed_now(cfg, overrides)
+    resumed = bool(cfg.get("resume"))
 
     def row(value: str, *keys: str, why: str | None = None) -> str:
         source = why or next((s for s in (source_of(k, overrides, choices, resumed) for k in keys) if s), None)
         return f"{value}   [{source}]" if source else value
 
-    model = module.model
+    def settled(value: str, key: str, *typed_with: str) -> str:
+        source = _recorded(cfg, key) or _source(cfg, key, overrides, choices)
+        if resumed and not any(source_of(k, overrides) for k in (key, *typed_with)):
+            source = "the checkpoint" if source in (DEFAULT, "the checkpoint") else f"the checkpoint: {source}"
+        return f"{value}   [{source}]" if source != DEFAULT else value
+
     imgsz = int(cfg.data.imgsz)
-    params = sum(p.numel() for p in model.parameters())
-    gflops = model_gflops(model, imgsz)
-    flops = f", {gflops:.{1 if gflops >= 1 else 2}f} GFLOPs at {imgsz} px" if gflops is not None else ""
-    model_name = choices.get("model") or type(model).__name__
     on_cpu = isinstance(trainer.accelerator, CPUAccelerator)
     devices = int(trainer.num_devices) * int(trainer.num_nodes)
     batch = int(cfg.data.batch_size)
     workers = loader_workers(datamodule.num_workers, not on_cpu, int(trainer.num_devices))
     auto_workers = "auto: the CPU's cores go to compute" if on_cpu else "auto: its CPU cores less one"
-    pipeline, cache, pipeline_why = datamodule.resolve_input(trainer.strategy.root_device)
-    cache_why = "data.cache=device needs data.pipeline=device" if cache != str(cfg.data.cache) else None
+    pipeline, _, pipeline_why = datamodule.resolve_input(trainer.strategy.root_device)
     if pipeline == "device":
         where = f"on {trainer.strategy.root_device}"
     else:
@@ -170,25 +315,21 @@ def training_rows(cfg: Any, datamodule: Any, module: Any, trainer: Any, hydra_cf
     pipeline_text = f"{pipeline}: images decoded and augmented {where}"
     spec = datamodule.spec
     data = shown_path(spec.file) if spec.file is not None else "(a mapping)"
-    precision = str(trainer.precision)
     kind = "cpu" if on_cpu else type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
-    auto_precision = f"auto: {precision_reason(str(cfg.trainer.accelerator))}"
     per_device = f"{batch} in all, {batch // max(1, devices)} per device" if batch > 0 else "the largest that fits"
     nodes = f" ({trainer.num_nodes} nodes)" if trainer.num_nodes > 1 else ""
     rows = {
-        "model": row(f"{model_name}: {_count(params)} parameters{flops}", "model"),
+        "model": settled(_model_text(module.model, imgsz), "model"),
         "data": row(f"{data}, {len(spec.names)} classes", "data.file", "data.synthetic", "data"),
-        "image size": row(str(imgsz), "data.imgsz", "data"),
-        "batch": row(per_device, "data.batch_size", "data"),
-        "cache": row(cache, "data.cache", "data", why=cache_why),
+        "image size": settled(str(imgsz), "data.imgsz"),
+        "batch": settled(per_device, "data.batch_size"),
+        "cache": settled(str(cfg.data.cache), "data.cache"),
         "pipeline": row(pipeline_text, "data.pipeline", why=pipeline_why or None),
         "workers": row(
-            f"{workers} per device", "data.num_workers", why=auto_workers if auto(datamodule.num_workers) else None
+            f"{workers} per device", "data.num_workers", why=auto_workers if _auto(datamodule.num_workers) else None
         ),
-        "precision": row(
-            precision, "trainer.precision", why=auto_precision if auto(raw_trainer.get("precision")) else None
-        ),
-        "devices": row(f"{devices} {kind}{nodes}", "trainer.devices", "trainer.accelerator", "trainer"),
+        "precision": settled(str(trainer.precision), "trainer.precision", "trainer.accelerator"),
+        "devices": row(f"{devices} {kind}{nodes}", "trainer.devices", "trainer.accelerator"),
         "weights": str(cfg.weights) if cfg.get("weights") else None,
         "resumed from": str(cfg.resume) if resumed else None,
         "epochs": row(str(cfg.trainer.max_epochs), "trainer.max_epochs"),
@@ -201,6 +342,67 @@ def print_block(title: str, rows: Mapping[str, str | None]) -> None:
     from yolo5l.base.console import print_outputs
 
     print_outputs(title, rows)
+
+
+class EffectiveConfig(Callback):
+    """Once fitting has set its data up, the run's config says what the run uses, and so do Hydra's
+    `.hydra/config.yaml` and the start-up block.
+
+    The training images' cache is the last value a run settles (it falls back to none when the images do not fit),
+    known only after the data module's `setup`: this callback's `setup` hook runs right after it, records the cache
+    (`settle_cache`), writes the config again and prints the start-up block (rank 0), once. The other settled values
+    were recorded when the run was built (`settle_build`), and the batch a search found before fitting.
+
+    Args:
+        cfg: the run's config (the object `RunConfig` puts in every checkpoint, so that `resume=` reads it too).
+        output_dir: the run folder (the block's title names it).
+        config_file: Hydra's copy of the config (`<run>/.hydra/config.yaml`), replaced atomically when its folder
+            exists; None: none is written.
+        overrides: the command line's overrides (the block's sources).
+        choices: Hydra's group choices (`experiment: smoke`).
+    """
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        output_dir: str | Path,
+        config_file: str | Path | None = None,
+        overrides: list[str] | None = None,
+        choices: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.output_dir = Path(output_dir)
+        self.config_file = Path(config_file) if config_file is not None else None
+        self.overrides = list(overrides or [])
+        self.choices = dict(choices or {})
+        self._done = False
+
+    @classmethod
+    def of_run(cls, cfg: DictConfig) -> EffectiveConfig:
+        """The callback of the current Hydra run (`yolo5l.compose_config` installs one too): its folder, its
+        `<output_subdir>/config.yaml`, its overrides and group choices; outside one, the current folder only."""
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return cls(cfg, Path.cwd())
+        hc = HydraConfig.get()
+        out = Path(hc.runtime.output_dir)
+        config_file = out / hc.output_subdir / "config.yaml" if hc.output_subdir else None
+        return cls(cfg, out, config_file, list(hc.overrides.task), dict(hc.runtime.choices))
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # a batch size search fits too (Tuner.scale_batch_size adds a BatchSizeFinder): the block waits for its batch
+        if stage != "fit" or self._done or any(isinstance(cb, BatchSizeFinder) for cb in trainer.callbacks):
+            return
+        self._done = True
+        settle_cache(self.cfg, trainer.datamodule)
+        if not trainer.is_global_zero:
+            return
+        if self.config_file is not None and self.config_file.parent.is_dir():
+            atomic_write(self.config_file, OmegaConf.to_yaml(self.cfg))
+        rows = training_rows(self.cfg, trainer.datamodule, pl_module, trainer, self.overrides, self.choices)
+        print_block(f"Training in {shown_path(self.output_dir)}:", rows)
 
 
 #: Overrides that choose a dataset: with one of them on the command line, val keeps it.
@@ -217,10 +419,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
         recorded: the weights' dataset yaml (`LoadInfo.data`).
         overrides: the command line's overrides (default: the current Hydra run's).
     """
-    from omegaconf import open_dict
-
     from yolo5l.base.console import info
-    from yolo5l.base.errors import shown_path
 
     if overrides is None:
         from hydra.core.hydra_config import HydraConfig

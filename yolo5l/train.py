@@ -27,7 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
 from yolo5l.base.console import fail, info, print_outputs
@@ -40,7 +40,7 @@ from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
-from yolo5l.run_info import cpu_oversubscription, print_block, training_rows
+from yolo5l.run_info import EffectiveConfig, cpu_oversubscription, settle, settle_build
 from yolo5l.tracking.trackers import finish_run, instantiate_entries
 from yolo5l.training.divergence import TrainingDiverged
 from yolo5l.training.final_val import validate_best
@@ -97,11 +97,13 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         from yolo5l.callbacks.sweep import SweepSummary
 
         callbacks.append(SweepSummary(hc.sweep.dir, int(hc.job.num), list(hc.overrides.task), hc.runtime.output_dir))
-    callbacks.append(RunConfig(OmegaConf.to_container(cfg, resolve=False)))  # resume= rebuilds the run from it
+    effective = EffectiveConfig.of_run(cfg)  # the start-up block and .hydra/config.yaml once the data is set up
+    callbacks += [RunConfig(cfg), effective]  # the config in every checkpoint: resume= rebuilds the run from it
     loggers = _instantiate_all(cfg.get("logger"))
     trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision, _convert_="all"
     )
+    settle_build(cfg, datamodule, trainer, precision, loaded is not None, effective.overrides, effective.choices)
     return datamodule, module, trainer
 
 
@@ -133,13 +135,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if crowded:
         info(f"warning: {crowded}")
 
-    datamodule, module, trainer = build(cfg)
-    if trainer.is_global_zero:
-        print_block(f"Training in {shown_path(output_dir)}:", training_rows(cfg, datamodule, module, trainer, hc))
+    datamodule, module, trainer = build(cfg)  # the start-up block is printed as fitting starts (EffectiveConfig)
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
         if int(cfg.data.batch_size) == -1:
-            with open_dict(cfg):
-                cfg.data.batch_size = instantiate(cfg.tune)(trainer, module, datamodule)
+            settle(cfg, "data.batch_size", instantiate(cfg.tune)(trainer, module, datamodule), "batch search")
         t0 = time.perf_counter()
         try:
             ckpt = str(ckpt_path) if ckpt_path else None
