@@ -254,7 +254,7 @@ def test_command_writes_beside_the_weights_and_prints_the_difference(command, tm
     ("args", "message"),
     [
         (["half=true", "device=cpu"], "error: half=true needs a CUDA device (device=cuda), not cpu"),
-        (["format=paddle"], "error: format='paddle' is not one of: onnx, torchscript, openvino, tflite, ncnn, coreml"),
+        (["format=pdf"], "error: format='pdf' is not one of: onnx, torchscript, openvino, tflite, ncnn, coreml"),
         (["imgsz=100"], "error: imgsz=100 is not a positive multiple of 32"),
         (["batch=0"], "error: batch=0 must be at least 1"),
         (["opset=9"], "error: opset=9 must be at least 11"),

@@ -406,32 +406,27 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
     return merged
 
 
-EXPORT_FORMATS = ("onnx", "torchscript", "openvino", "tflite", "ncnn", "coreml", "engine")
-
-
 def check_export_config(cfg: DictConfig) -> None:
-    """Check a `conf/export.yaml` config (weights, format, image size, batch, opset, flags).
+    """Check a `conf/export.yaml` config (weights, formats, image size, batch, opset, flags): every format listed,
+    so that a list with one bad format is refused before anything is written.
 
     Raises:
         UserError: One sentence naming the key and the fix.
     """
+    from yolo5l.deploy.formats import parse_formats
+    from yolo5l.deploy.options import check_formats_options, export_imgsz
+
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
     _check_weights(cfg.weights)
-    fmt = str(cfg.get("format"))
-    if fmt not in EXPORT_FORMATS:
-        raise UserError(f"format={fmt!r} is not one of: {', '.join(EXPORT_FORMATS)}")
-    if cfg.get("imgsz") is not None:
-        _check_imgsz(_int(cfg, "imgsz"), "imgsz")
+    formats = parse_formats(cfg.get("format"))
+    for side in dict.fromkeys(export_imgsz(cfg.get("imgsz")) or ()):
+        _check_imgsz(side, "imgsz")
     _int(cfg, "batch", minimum=1)
     _int(cfg, "opset", minimum=11)  # the decode's dynamic arange and Resize need opset 11 or later
     for key in ("dynamic", "half", "simplify", "int8", "nms", "optimize"):
         if not isinstance(cfg.get(key, False), bool):
             raise UserError(f"{key}={cfg.get(key)!r} must be true or false")
-    if cfg.simplify and fmt != "onnx":
-        raise UserError(f"simplify=true applies to format=onnx, not format={fmt}: drop simplify=true")
-    from yolo5l.deploy.options import check_format_options
-
-    check_format_options(cfg, fmt)
+    check_formats_options(cfg, formats)
 
 
 def check_search_space(cfg: DictConfig) -> None:

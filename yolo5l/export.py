@@ -1,5 +1,9 @@
 """Export weights for deployment: `python -m yolo5l.export weights=<weights.pt|yolov5s.pt> [format=onnx|torchscript]`.
 
+`format=[onnx,openvino]` writes several formats in one call (ultralytics/yolov5 v7.0 `export.py --include onnx
+openvino`), each named as its own export names it; `imgsz=[480,640]` gives a (height, width) input (ONNX,
+TorchScript, OpenVINO, TensorRT).
+
 The file holds the Conv+BN-fused model and its decode: input `images` (B, 3, H, W) RGB in [0, 1], output `output0`
 (B, N, 5 + nc) with cx, cy, w, h in input pixels, objectness and class scores, the layout of ultralytics/yolov5
 v7.0 `export.py` (`export_onnx`, `export_torchscript`: Detect in export mode), so code written for those files reads
@@ -14,6 +18,7 @@ ONNX needs the `export` extra (`pip install -e ".[export]"`: onnx, onnxruntime).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -34,13 +39,14 @@ from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.hardware import with_command_threads
 from yolo5l.config import check_export_config
 from yolo5l.deploy.exported import load_exported
-from yolo5l.deploy.formats import FORMATS, output_path, require_extra
+from yolo5l.deploy.formats import FORMATS, NOT_WRITTEN, output_paths, parse_formats, require_extra
+from yolo5l.deploy.options import check_image_shape, export_imgsz
 from yolo5l.io.files import atomic_write
 from yolo5l.models.common import Conv
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.training.divergence import first_non_finite
 
-__all__ = ["DecodedYOLOv5", "ExportOptions", "export_model", "export_weights", "prepare_for_export"]
+__all__ = ["DecodedYOLOv5", "ExportOptions", "export_formats", "export_model", "export_weights", "prepare_for_export"]
 
 _DEFAULT_IMGSZ = 640
 INPUT_NAME, OUTPUT_NAME = "images", "output0"  # ultralytics v7.0 export_onnx's names
@@ -91,12 +97,12 @@ def _check_half(half: bool, device: torch.device) -> None:
 
 
 def _metadata(
-    names: list[str], stride: int, imgsz: int, batch: int, dynamic: bool, half: bool, device: torch.device
+    names: list[str], stride: int, imgsz: int | list[int], batch: int, dynamic: bool, half: bool, device: torch.device
 ) -> dict[str, Any]:
     return {
         "names": names,
         "stride": stride,
-        "imgsz": imgsz,
+        "imgsz": imgsz,  # the square size, or [height, width]
         "batch": batch,
         "dynamic": dynamic,
         "half": half,
@@ -125,6 +131,9 @@ def _export_onnx(net: nn.Module, example: Tensor, opset: int, dynamic: bool, sim
         # its warnings are about the trace (the stride check in YOLOv5.forward) and its own deprecation.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        # Its caution that negative indices would index wrongly: the in-graph NMS indexes with NonMaxSuppression's
+        # selections, which are never negative.
+        warnings.filterwarnings("ignore", "Exporting aten::index operator", UserWarning)
         torch.onnx.export(
             net, (example,), buffer, opset_version=opset, dynamo=False, do_constant_folding=True,
             input_names=[INPUT_NAME], output_names=outputs, dynamic_axes=axes if dynamic else None,
@@ -185,7 +194,8 @@ class ExportOptions:
     """What `export_model` writes beyond the format (conf/export.yaml's keys of the same names).
 
     Attributes:
-        imgsz: Square size of the example input (fixed-size formats: the file's size).
+        imgsz: Size of the example input (fixed-size formats: the file's size): a square's side, or (height,
+            width) for ONNX, TorchScript, OpenVINO and TensorRT.
         batch: Batch of the example input (the file's batch unless dynamic).
         dynamic: ONNX / OpenVINO / TensorRT: dynamic batch, height and width (TorchScript takes any size anyway).
         half: fp16: ONNX, TorchScript and TensorRT compute in fp16 (CUDA); OpenVINO, TFLite, ncnn and CoreML store
@@ -199,11 +209,13 @@ class ExportOptions:
         conf_thres: The in-graph NMS's score threshold.
         iou_thres: Its IoU threshold.
         max_det: Its detections per image.
+        topk_per_class: ONNX's in-graph NMS: boxes kept per class (None: max_det).
+        agnostic_nms: The in-graph NMS (ONNX, CoreML) ignores classes: boxes of any classes suppress each other.
         optimize: TorchScript: mobile-optimised (`torch.utils.mobile_optimizer`), saved for the lite interpreter.
         workspace: TensorRT: builder workspace in GiB.
     """
 
-    imgsz: int = _DEFAULT_IMGSZ
+    imgsz: int | tuple[int, int] = _DEFAULT_IMGSZ
     batch: int = 1
     dynamic: bool = False
     half: bool = False
@@ -215,6 +227,8 @@ class ExportOptions:
     conf_thres: float = 0.25
     iou_thres: float = 0.45
     max_det: int = 300
+    topk_per_class: int | None = None
+    agnostic_nms: bool = False
     optimize: bool = False
     workspace: float = 4.0
 
@@ -245,12 +259,18 @@ def export_model(
         difference is None for a format that does not run on this machine (CoreML off macOS).
 
     Raises:
-        UserError: fp16 off CUDA for ONNX / TorchScript, a missing extra, or a converter's failure.
+        UserError: A format yolo5l does not write (`yolo5l.deploy.formats.NOT_WRITTEN`), fp16 off CUDA for ONNX /
+            TorchScript, a rectangular size for a square-only format, a missing extra, or a converter's failure.
         ValueError: An unknown format.
     """
+    if fmt in NOT_WRITTEN:
+        raise UserError(f"format={fmt}: {NOT_WRITTEN[fmt]}")
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
     opt = replace(options or ExportOptions(), **overrides)
+    height, width = export_imgsz(opt.imgsz) or (_DEFAULT_IMGSZ, _DEFAULT_IMGSZ)
+    check_image_shape(fmt, (height, width))
+    opt = replace(opt, imgsz=height if height == width else (height, width))  # the square formats get an int
     device = torch.device(device)
     if fmt in ("onnx", "torchscript"):
         _check_half(opt.half, device)
@@ -266,18 +286,23 @@ def export_model(
         why = "in fp16: export in fp32 (drop half=true)" if cuda_half else "(a diverged run?)"
         raise UserError(f"not exporting {os.fspath(path)}: {bad} holds NaN or inf {why}")
     # Not ultralytics' zeros: random pixels make the check below compare every output, not mostly constant ones.
-    shape = (opt.batch if fmt != "ncnn" else 1, 3, opt.imgsz, opt.imgsz)
+    shape = (opt.batch if fmt != "ncnn" else 1, 3, height, width)
     example = torch.rand(*shape, generator=torch.Generator().manual_seed(0)).to(device, dtype)
     if opt.nms and fmt == "onnx":
         from yolo5l.deploy.onnx_nms import EndToEnd, as_decoded
 
-        net = EndToEnd(net, opt.conf_thres, opt.iou_thres, opt.max_det)
+        net = EndToEnd(net, opt.conf_thres, opt.iou_thres, opt.max_det, opt.topk_per_class, opt.agnostic_nms)
         boxes, scores, classes, _ = net(example)
         expected = as_decoded(boxes, scores, classes, len(names))
     else:
         expected = net(example).float()
-    meta = _metadata(names, int(model.stride.max()), opt.imgsz, shape[0], _dynamic(fmt, opt), opt.half, device)
+    imgsz = opt.imgsz if isinstance(opt.imgsz, int) else [height, width]
+    meta = _metadata(names, int(model.stride.max()), imgsz, shape[0], _dynamic(fmt, opt), opt.half, device)
     meta.update(task="detect", format=fmt, int8=opt.int8, nms=opt.nms and fmt in ("onnx", "coreml"))
+    if meta["nms"]:
+        meta["agnostic_nms"] = opt.agnostic_nms
+        if fmt == "onnx":
+            meta["topk_per_class"] = opt.topk_per_class or opt.max_det
     path = Path(path)
     _write_format(fmt, net, model, example, path, meta, opt)
     model.detect._grids.clear()  # the eager run above cached grids; leave the model as prepare_for_export did
@@ -339,7 +364,7 @@ def _write_format(
         export_engine(onnx_bytes, path, meta, example, opt, calibration=int8)
 
 
-def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
+def _calibration(cfg: DictConfig, imgsz: int | tuple[int, int]) -> list[np.ndarray] | None:
     if not cfg.int8:
         return None
     from yolo5l.deploy.calibration import calibration_files, calibration_images
@@ -347,19 +372,10 @@ def _calibration(cfg: DictConfig, imgsz: int) -> list[np.ndarray] | None:
     return calibration_images(calibration_files(cfg.calib_data, int(cfg.calib_images)), imgsz)
 
 
-@with_command_threads(lambda cfg: str(cfg.device))  # on the CPU: as many threads as cores are free at the start
-def export_weights(cfg: DictConfig) -> Path:
-    """Export as `cfg` (conf/export.yaml) says; returns the file written."""
-    from yolo5l.base.hardware import inference_device
-    from yolo5l.io.download import weights_url
-    from yolo5l.io.model_source import check_stride
-    from yolo5l.io.weights import load_weights, resolve_weights
-
-    check_export_config(cfg)
-    fmt = str(cfg.format)
-    device = inference_device(str(cfg.device))
+def _check_can_write(fmt: str, cfg: DictConfig, device: torch.device) -> None:
+    """What `fmt` needs on this machine (CUDA, its extra), checked before the weights load."""
     if fmt in ("onnx", "torchscript"):
-        _check_half(bool(cfg.half), device)  # before the weights load
+        _check_half(bool(cfg.half), device)
     spec = FORMATS[fmt]
     if fmt == "engine":  # before the extra: without a GPU there is nothing to install it for
         from yolo5l.deploy.tensorrt import check_cuda
@@ -368,38 +384,76 @@ def export_weights(cfg: DictConfig) -> Path:
     require_extra(f"format={fmt}", *spec.export_modules, extra=spec.extra)
     if fmt == "torchscript" and cfg.optimize:
         _check_mobile_optimizer()
+
+
+def export_weights(cfg: DictConfig) -> Path:
+    """Export as `cfg` (conf/export.yaml) says; returns the file written (the first format's where `format=` lists
+    several: :func:`export_formats` returns each)."""
+    return next(iter(export_formats(cfg).values()))
+
+
+@with_command_threads(lambda cfg: str(cfg.device))  # on the CPU: as many threads as cores are free at the start
+def export_formats(cfg: DictConfig) -> dict[str, Path]:
+    """Export in each format of `cfg.format` (one name or a list, as ultralytics/yolov5 v7.0 `export.py::run`
+    takes `include`), one after the other from the same weights, each checked against PyTorch in one printed line.
+    Every format's config and needs are checked before the first is written.
+
+    Returns:
+        `{format: file or folder written}`, in the order asked.
+    """
+    from yolo5l.base.hardware import inference_device
+    from yolo5l.io.download import weights_url
+    from yolo5l.io.model_source import check_stride
+    from yolo5l.io.weights import load_weights, resolve_weights
+
+    check_export_config(cfg)
+    formats = parse_formats(cfg.format)
+    device = inference_device(str(cfg.device))
+    for fmt in formats:
+        _check_can_write(fmt, cfg, device)
     weights = resolve_weights(str(cfg.weights))  # a URL or a release name (yolov5s.pt) is downloaded once
     # Beside the weights; a downloaded file's export goes to the current folder, not into the download cache.
     folder = weights.parent if weights_url(str(cfg.weights)) is None else Path.cwd()
-    default = output_path(folder, weights.stem, fmt, half=bool(cfg.half), int8=bool(cfg.int8))
-    output = Path(str(cfg.output)) if cfg.output else default
-    if output.absolute() == weights.absolute():
-        raise UserError(f"output={output} would overwrite the weights: pass another output=")
+    outputs = output_paths(cfg.output or None, folder, weights.stem, formats, bool(cfg.half), bool(cfg.int8))
+    for output in outputs.values():
+        if output.absolute() == weights.absolute():
+            raise UserError(f"output={output} would overwrite the weights: pass another output=")
     try:
         model, load_info = load_weights(weights)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     # The training size where the weights file records one; else YOLOv5's 640.
-    imgsz = int(cfg.imgsz or getattr(load_info, "imgsz", None) or _DEFAULT_IMGSZ)
-    check_stride(model, imgsz, "imgsz")
-    calibration = _calibration(cfg, imgsz)
+    size = export_imgsz(cfg.imgsz) or (int(getattr(load_info, "imgsz", None) or _DEFAULT_IMGSZ),) * 2
+    for side in dict.fromkeys(size):
+        check_stride(model, side, "imgsz")
+    imgsz = size[0] if size[0] == size[1] else size
     opt = ExportOptions(
         imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic), half=bool(cfg.half), int8=bool(cfg.int8),
-        calibration=calibration, opset=int(cfg.opset), simplify=bool(cfg.simplify), nms=bool(cfg.nms),
+        calibration=_calibration(cfg, imgsz), opset=int(cfg.opset), simplify=bool(cfg.simplify), nms=bool(cfg.nms),
         conf_thres=float(cfg.conf_thres), iou_thres=float(cfg.iou_thres), max_det=int(cfg.max_det),
+        topk_per_class=cfg.get("topk_per_class"), agnostic_nms=bool(cfg.get("agnostic_nms", False)),
         optimize=bool(cfg.optimize), workspace=float(cfg.workspace),
     )  # fmt: skip
+    written, sizes = {}, {}
     with running():  # tracing makes cyclic garbage
-        path, diff = export_model(model, output, fmt, names=list(load_info.names), device=device, options=opt)
-    precision = "int8" if cfg.int8 else "fp16" if cfg.half else "fp32"
-    shape = f"({opt.batch if fmt != 'ncnn' else 1}, 3, {imgsz}, {imgsz}) {precision}"
+        for fmt in formats:
+            # export_model fuses and casts the model in place: each format starts from the loaded weights.
+            source = copy.deepcopy(model) if len(formats) > 1 else model
+            path, diff = export_model(source, outputs[fmt], fmt, list(load_info.names), device, opt)
+            _report(fmt, diff, f"({opt.batch if fmt != 'ncnn' else 1}, 3, {size[0]}, {size[1]})", cfg)
+            files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
+            written[fmt], sizes[fmt] = path, sum(f.stat().st_size for f in files)
+    print_outputs("Outputs:", {fmt: f"{shown_path(p)} ({sizes[fmt] / 1e6:.1f} MB)" for fmt, p in written.items()})
+    return written
+
+
+def _report(fmt: str, diff: float | None, shape: str, cfg: DictConfig) -> None:
+    """The format's line: its runtime's largest difference from PyTorch, or why there is none."""
     if diff is None:
         info(f"{fmt} file written; it does not run on this machine, so it was not compared with PyTorch")
     else:
-        info(f"{_RUNTIMES[fmt]} vs PyTorch on the example input {shape}: max abs difference {diff:.3g}")
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-    print_outputs("Outputs:", {fmt: f"{shown_path(path)} ({size / 1e6:.1f} MB)"})
-    return path
+        precision = "int8" if cfg.int8 else "fp16" if cfg.half else "fp32"
+        info(f"{_RUNTIMES[fmt]} vs PyTorch on the example input {shape} {precision}: max abs difference {diff:.3g}")
 
 
 _RUNTIMES = {
@@ -411,7 +465,7 @@ _RUNTIMES = {
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="export")
 @guarded
 def _hydra_main(cfg: DictConfig) -> None:
-    export_weights(cfg)
+    export_formats(cfg)
 
 
 def main() -> None:

@@ -44,8 +44,9 @@ def calibration_files(data: str | os.PathLike[str] | None, count: int = 100) -> 
     return files
 
 
-def calibration_images(files: list[Path], imgsz: int) -> list[np.ndarray]:
-    """Each file as a (1, 3, imgsz, imgsz) float32 RGB array in [0, 1], letterboxed (the model's input).
+def calibration_images(files: list[Path], imgsz: int | tuple[int, int]) -> list[np.ndarray]:
+    """Each file as a (1, 3, H, W) float32 RGB array in [0, 1], letterboxed to `imgsz` (a square size, or (H, W)),
+    the model's input.
 
     Raises:
         UserError: An image that cannot be read.

@@ -74,7 +74,7 @@ def _nms_model(ct: Any, detector: Any, nc: int, names: list[str], opt: Any) -> A
         desc.type.doubleType.SetInParent()
         desc.type.isOptional = True
         setattr(p, name, default)
-    p.pickTop.perClass = True
+    p.pickTop.perClass = not opt.agnostic_nms  # agnostic: boxes of any classes suppress each other
     p.stringClassLabels.vector.extend(names)
     return ct.models.MLModel(nms)
 
@@ -87,7 +87,8 @@ def export_coreml(net: nn.Module, path: Path, meta: dict[str, Any], example: Ten
         path: The package folder.
         meta: The metadata: names, stride, imgsz, task, ... go to the model's user-defined metadata (JSON strings).
         example: The example input (1, 3, H, W).
-        opt: `yolo5l.export.ExportOptions` (half: fp16 compute; int8: 8-bit weights; nms: the NMS pipeline).
+        opt: `yolo5l.export.ExportOptions` (half: fp16 compute; int8: 8-bit weights; nms: the NMS pipeline,
+            class-agnostic with agnostic_nms).
 
     Returns:
         `path`.

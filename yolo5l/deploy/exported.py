@@ -243,7 +243,15 @@ class ExportedModel:
         self.names = _names(meta.get("names"), None if no is None else no - 5)
         self.stride = _int_or_first(meta.get("stride"), _DEFAULT_STRIDE)
         fallback = self.size[0] if self.size else _int_or_first(meta.get("shape", [None] * 3)[2:], _DEFAULT_IMGSZ)
-        self.imgsz = _int_or_first(meta.get("imgsz"), fallback)
+        imgsz = meta.get("imgsz")
+        if isinstance(imgsz, str) and imgsz.startswith("["):
+            imgsz = json.loads(imgsz)
+        if isinstance(imgsz, Sequence) and not isinstance(imgsz, str) and imgsz:
+            # A rectangular export records [height, width]: val and predict letterbox to the square that fits it,
+            # padded to its shape (`_fit`).
+            self.imgsz = min(int(v) for v in imgsz)
+        else:
+            self.imgsz = _int_or_first(imgsz, fallback)
 
     def _fit(self, images: Tensor) -> Tensor:
         if self.size is None:
@@ -252,7 +260,7 @@ class ExportedModel:
         if h > fh or w > fw:
             raise UserError(
                 f"{self.path.name} takes {fh}x{fw} images (exported without dynamic=true), got {h}x{w}: use an "
-                f"image size of at most {max(fh, fw)}, or export with dynamic=true"
+                f"image size of at most {min(fh, fw)}, or export with dynamic=true"
             )
         # Right and bottom only: the boxes keep their coordinates.
         return F.pad(images, (0, fw - w, 0, fh - h), value=_PAD) if (h, w) != (fh, fw) else images

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,17 @@ from typing import Any
 from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
 
-__all__ = ["FORMATS", "LIBRARY_NOISE", "Format", "find_format", "output_path", "require_extra"]
+__all__ = [
+    "FORMATS",
+    "LIBRARY_NOISE",
+    "NOT_WRITTEN",
+    "Format",
+    "find_format",
+    "output_path",
+    "output_paths",
+    "parse_formats",
+    "require_extra",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,21 @@ FORMATS: dict[str, Format] = {
         Format("coreml", "coreml", ("coremltools",), ("coremltools",), runs_on_cpu=False),
         Format("engine", "tensorrt", ("onnx", "tensorrt"), ("tensorrt",), runs_on_cpu=False),
     )
+}
+
+
+#: The other formats of ultralytics/yolov5 v7.0 `export.py::export_formats` (its `--include` values), which yolo5l does
+#: not write: why, and what to use instead. `format=<one of them>` is refused with this line.
+NOT_WRITTEN: dict[str, str] = {
+    "saved_model": "TF SavedModel is not written (it needs TensorFlow): use format=onnx (onnx2tf converts it) or "
+    "format=tflite",
+    "pb": "TF GraphDef is not written (it needs TensorFlow): use format=onnx (onnx2tf converts it) or format=tflite",
+    "tfjs": "TF.js is not written (it needs TensorFlow and tensorflowjs): use format=onnx, which onnxruntime-web runs "
+    "in a browser",
+    "edgetpu": "Edge TPU is not written (it needs Coral's edgetpu_compiler, which yolo5l does not run): use "
+    "format=tflite int8=true (an int8 TF Lite file for CPUs) or format=onnx",
+    "paddle": "PaddlePaddle is not written (it needs paddlepaddle and x2paddle): use format=onnx (x2paddle converts "
+    "ONNX files)",
 }
 
 
@@ -129,3 +155,50 @@ def output_path(folder: Path, stem: str, fmt: str, half: bool = False, int8: boo
         return folder / f"{stem}{'-' + precision if precision else ''}.tflite"
     suffix = {"coreml": "mlpackage"}.get(fmt, fmt)
     return folder / f"{stem}.{suffix}"
+
+
+def parse_formats(value: Any) -> list[str]:
+    """The formats of `format=`: one name (`onnx`), a list (`[onnx,openvino]`, v7.0's `--include onnx openvino`) or
+    names separated by commas (`'onnx,openvino'`); lower-cased, in order, each once.
+
+    Raises:
+        UserError: No format, or a name that is not one of `FORMATS` (a `NOT_WRITTEN` one: why, and what instead).
+    """
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, Iterable):
+        items = [str(v) for v in value]
+    else:
+        items = [] if value is None else [str(value)]
+    names = [name.strip().lower() for name in items if name.strip()]
+    if not names:
+        raise UserError(f"format={value!r} names no format: pass format=onnx, or several as format=[onnx,openvino]")
+    for name in names:
+        if name in NOT_WRITTEN:
+            raise UserError(f"format={name}: {NOT_WRITTEN[name]}")
+        if name not in FORMATS:
+            raise UserError(f"format={name!r} is not one of: {', '.join(FORMATS)}")
+    return list(dict.fromkeys(names))
+
+
+def output_paths(
+    output: str | os.PathLike[str] | None, folder: Path, stem: str, formats: list[str], half: bool, int8: bool
+) -> dict[str, Path]:
+    """Where each of `formats` is written: `output` itself for one format; with several, `output` is the folder that
+    takes them all; without `output`, `folder`. A file's name is the one :func:`output_path` gives it.
+
+    Raises:
+        UserError: Several formats and an `output` that names a file (an existing one, or one with a format's suffix).
+    """
+    if output is not None and len(formats) == 1:
+        return {formats[0]: Path(output)}
+    if output is not None:
+        out = Path(output)
+        if out.is_file() or out.suffix.lower() in (".pt", ".ckpt", ".onnx", ".torchscript", ".tflite", ".engine",
+                                                   ".mlpackage", ".mlmodel"):  # fmt: skip
+            raise UserError(
+                f"output={output} names a file, but format= lists {len(formats)} formats: pass a folder for them all "
+                "(each file named as its own export names it) or drop output= (beside the weights)"
+            )
+        folder = out
+    return {fmt: output_path(folder, stem, fmt, half=half, int8=int8) for fmt in formats}

@@ -10,7 +10,10 @@ Outputs, for a batch of B images and `max_det` rows per image:
 NMS is ONNX's `NonMaxSuppression` per class (a box may be kept for several classes, as v7.0's validation NMS with
 `multi_label` keeps it), with the score and IoU thresholds fixed at export (`conf_thres`, `iou_thres`); the kept
 boxes of each image are sorted by score and the first `max_det` kept, as ultralytics/yolov5 v7.0
-`utils/general.py::non_max_suppression` does.
+`utils/general.py::non_max_suppression` does. `topk_per_class` keeps at most that many boxes of each class before
+(ONNX's `max_output_boxes_per_class`; v7.0 `export.py --topk-per-class`, its TF NMS's per-class cap). With
+`agnostic=True` each box takes its best class, and boxes suppress each other whatever their classes (v7.0
+`models/tf.py::AgnosticNMS`: the highest class score and its class).
 """
 
 from __future__ import annotations
@@ -58,19 +61,35 @@ class EndToEnd(nn.Module):
         conf_thres: Score threshold.
         iou_thres: IoU threshold.
         max_det: Detections kept per image (the outputs' second dimension).
+        topk_per_class: Boxes kept per class and image before the `max_det` cut; None: `max_det`.
+        agnostic: One class-agnostic NMS over each box's best class score.
     """
 
-    def __init__(self, net: nn.Module, conf_thres: float = 0.25, iou_thres: float = 0.45, max_det: int = 300) -> None:
+    def __init__(
+        self,
+        net: nn.Module,
+        conf_thres: float = 0.25,
+        iou_thres: float = 0.45,
+        max_det: int = 300,
+        topk_per_class: int | None = None,
+        agnostic: bool = False,
+    ) -> None:
         super().__init__()
         self.net, self.conf_thres, self.iou_thres, self.max_det = net, conf_thres, iou_thres, max_det
+        self.topk_per_class, self.agnostic = topk_per_class or max_det, agnostic
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         y = self.net(images)  # (B, N, 5 + nc)
         boxes = xywh_to_xyxy(y[..., :4])  # (B, N, 4)
-        scores = (y[..., 5:] * y[..., 4:5]).transpose(1, 2).contiguous()  # (B, nc, N)
-        sel = _NonMaxSuppression.apply(boxes, scores, self.max_det, self.iou_thres, self.conf_thres)  # (K, 3)
+        scores = y[..., 5:] * y[..., 4:5]  # (B, N, nc)
+        if self.agnostic:
+            scores, best = scores.max(-1, keepdim=True)  # (B, N, 1): one "class" holds every box
+        scores = scores.transpose(1, 2).contiguous()  # (B, nc or 1, N)
+        sel = _NonMaxSuppression.apply(boxes, scores, self.topk_per_class, self.iou_thres, self.conf_thres)  # (K, 3)
         b, c, i = sel[:, 0], sel[:, 1], sel[:, 2]
         score = scores[b, c, i]  # (K,)
+        if self.agnostic:
+            c = best[b, i, 0]
         # Grouped by image, best first: scores are in (0, 1], so the image index dominates the key (in float64,
         # which keeps scores that differ in float32's last bits apart).
         order = torch.argsort(b.double() * 2 - score.double())
