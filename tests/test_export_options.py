@@ -247,6 +247,9 @@ def test_output_with_several_formats_is_their_folder(weights, tmp):
          "format=torchscript in a call of its own)"),
         (["format=[onnx,torchscript]", "output=OUT/x.onnx"],
          "output=OUT/x.onnx names a file, but format= lists 2 formats: pass a folder for them all"),
+        (["format=onnx,torchscript"],
+         "format=onnx,torchscript: values separated by commas are a sweep, one run each (add -m); for a list write "
+         "format=[onnx,torchscript]"),
     ],
 )  # fmt: skip
 def test_a_list_with_a_bad_format_writes_nothing(weights, tmp, monkeypatch, capsys, args, message):

@@ -41,6 +41,18 @@ TYPOS = [
     ("predict", ["--conf-thres", "0.5"], "write conf_thres=X"),
     ("export", ["weights=w.pt", "fromat=onnx"], "did you mean format?"),
     ("export", ["weights=w.pt", "include=onnx"], "write format=onnx|torchscript"),
+    ("export", ["weights=w.pt", "format=onnx,openvino"],
+     "format=onnx,openvino: values separated by commas are a sweep, one run each (add -m); for a list write "
+     "format=[onnx,openvino], for text with commas quote it: format='onnx,openvino'"),
+    ("train", ["data.imgsz=128,256"], "write data.imgsz=[128,256]"),
+    ("export", ["weights=w.pt", "inplace=true"],
+     "unknown key inplace; v7.0's --inplace has no counterpart here: the exported decode is written with split"),
+    ("export", ["weights=w.pt", "--verbose"],
+     "unknown option --verbose: yolo5l takes key=value overrides; v7.0's --verbose has no counterpart here"),
+    ("export", ["weights=w.pt", "keras=true"], "--keras has no counterpart here: it picks Keras for TF SavedModel"),
+    ("export", ["weights=w.pt", "topk_all=100"], "write max_det=N (with nms=true)"),
+    ("export", ["weights=w.pt", "--agnostic-nms"], "write agnostic_nms=true (with nms=true)"),
+    ("export", ["weights=w.pt", "--data", "coco128.yaml"], "write calib_data=path/to/data.yaml"),
 ]  # fmt: skip
 
 VALID = [
@@ -53,6 +65,8 @@ VALID = [
     ("val", ["weights=w.pt", "data=coco128", "data.imgsz=640", "module/metric=coco"]),
     ("predict", ["weights=w.pt", "source=[a.jpg,b.jpg]", "conf_thres=0.5"]),
     ("export", ["weights=w.pt", "format=torchscript", "imgsz=320"]),
+    ("export", ["weights=w.pt", "format=[onnx,openvino]", "imgsz=[480,640]", "nms=true", "agnostic_nms=true"]),
+    ("export", ["weights=w.pt", "format='onnx,openvino'", "nms=true", "topk_per_class=10"]),
 ]  # fmt: skip
 
 

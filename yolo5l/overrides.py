@@ -7,7 +7,9 @@ group choices (`model=yolov5n`) and walks the other overrides in order:
 - `key=value` and `~key` need a key the config has: `unknown key data.imgsiz: did you mean data.imgsz?`;
 - `+key=value` needs a key the config does not have yet, taken by the `_target_` it lands in (a constructor
   argument, or `**kwargs`), or a new entry with its own `_target_` (`+callbacks.mine={_target_: ...}`);
-- `--epochs 3` and other options that are not Hydra's get the override that does it (`trainer.max_epochs=3`).
+- `--epochs 3` and other options that are not Hydra's get the override that does it (`trainer.max_epochs=3`), or
+  the reason there is none (`V7_WITHOUT`);
+- `key=a,b` is a sweep, which only a multirun (`-m`) takes: without one it gets the list and quoted forms.
 
 Raises `UserError`; the entry points print it as `error: ...` and exit with code 2 before a run folder exists.
 """
@@ -60,11 +62,28 @@ V7_OPTIONS = {
         "--hide-labels": "hide_labels=true", "--hide-conf": "hide_conf=true",
     },
     "export": {
-        "--weights": "weights=path.pt", "--include": "format=onnx|torchscript", "--img": "imgsz=N",
-        "--imgsz": "imgsz=N", "--batch-size": "batch=N", "--dynamic": "dynamic=true", "--half": "half=true",
-        "--simplify": "simplify=true", "--opset": "opset=N", "--device": "device=cpu|cuda",
+        "--weights": "weights=path.pt",
+        "--include": "format=onnx|torchscript|openvino|tflite|ncnn|coreml|engine (several: format=[onnx,openvino])",
+        "--img": "imgsz=N (or imgsz=[h,w])", "--imgsz": "imgsz=N (or imgsz=[h,w])",
+        "--img-size": "imgsz=N (or imgsz=[h,w])", "--batch-size": "batch=N", "--dynamic": "dynamic=true",
+        "--half": "half=true", "--simplify": "simplify=true", "--opset": "opset=N", "--device": "device=cpu|cuda",
+        "--data": "calib_data=path/to/data.yaml (int8 calibration)", "--optimize": "optimize=true",
+        "--int8": "int8=true (with calib_data=path/to/data.yaml)", "--workspace": "workspace=N", "--nms": "nms=true",
+        "--agnostic-nms": "agnostic_nms=true (with nms=true)", "--topk-per-class": "topk_per_class=N (with nms=true)",
+        "--topk-all": "max_det=N (with nms=true)", "--conf-thres": "conf_thres=X (with nms=true)",
+        "--iou-thres": "iou_thres=X (with nms=true)",
     },
 }  # fmt: skip
+
+#: ultralytics/yolov5 v7.0 options with no counterpart here, and why (docs/cli.md's tables give the same reasons).
+V7_WITHOUT = {
+    "export": {
+        "--inplace": "the exported decode is written with split and cat, as v7.0 writes it without --inplace (the "
+        "same numbers either way)",
+        "--keras": "it picks Keras for TF SavedModel, which yolo5l does not write (format=onnx, then onnx2tf)",
+        "--verbose": "TensorRT's warnings and errors are printed as warning: lines; its verbose build log is not shown",
+    },
+}
 
 
 def check_overrides(argv: Sequence[str], config_name: str) -> None:
@@ -90,6 +109,8 @@ def check_overrides(argv: Sequence[str], config_name: str) -> None:
     values = [o for o in parsed if not _is_group(o.key_or_group)]
     group_choices = [c for c in map(_first_choice, groups) if c is not None]
     tree = _compose(config_name, group_choices)
+    if not args.multirun and "MULTIRUN" not in str(tree.get("hydra", {}).get("mode")):
+        _check_no_sweep(parsed)
     try:
         for o in values:
             _check_value_override(tree, o, config_name)
@@ -116,10 +137,24 @@ def _overrides_of(argv: Sequence[str], config_name: str) -> tuple[Any, list[str]
         if item.startswith("-"):
             option = item.split("=", 1)[0]
             instead = V7_OPTIONS.get(config_name, {}).get(option)
+            without = V7_WITHOUT.get(config_name, {}).get(option)
             more = " (docs/cli.md maps every v7.0 train.py flag)" if config_name == "train" else ""
             hint = f"write {instead}" if instead else f"see python -m yolo5l.{config_name} --help{more}"
+            if without:
+                hint = f"v7.0's {option} has no counterpart here: {without}"
             raise UserError(f"unknown option {option}: yolo5l takes key=value overrides; {hint}")
     return args, [str(o) for o in args.overrides or []]
+
+
+def _check_no_sweep(parsed: Sequence[Any]) -> None:
+    """A sweep (`key=a,b`) without a multirun: Hydra refuses it in a paragraph; here in one line with the forms."""
+    for o in parsed:
+        if o.is_sweep_override():
+            key, value = o.key_or_group, o.input_line.split("=", 1)[-1].strip()
+            raise UserError(
+                f"{o.input_line.strip()}: values separated by commas are a sweep, one run each (add -m); for a list "
+                f"write {key}=[{value}], for text with commas quote it: {key}='{value}'"
+            )
 
 
 def _parse_problem(overrides: Sequence[str], error: Exception) -> str:
@@ -390,6 +425,9 @@ def _unknown(tree: dict[str, Any], key: str, config_name: str, adding: bool = Fa
     v7 = V7_OPTIONS.get(config_name, {}).get("--" + key.replace("_", "-"))
     if v7 is not None:  # ultralytics' option names as keys (include=onnx)
         return f"{what}; write {v7}"
+    without = V7_WITHOUT.get(config_name, {}).get("--" + key.replace("_", "-"))
+    if without is not None:
+        return f"{what}; v7.0's --{key.replace('_', '-')} has no counterpart here: {without}"
     parts = key.split(".")
     parent = _lookup(tree, parts[:-1])
     if isinstance(parent, dict) and parts[:-1]:
