@@ -388,3 +388,37 @@ def test_coreml_nms_pipeline_can_be_class_agnostic(weights, tmp):
     spec = ct.models.MLModel(str(path), skip_model_load=True).get_spec()
     nms = spec.pipeline.models[-1].nonMaximumSuppression
     assert nms.pickTop.perClass is False
+
+
+# ---- the flag table --------------------------------------------------------------------------------------------------
+# ultralytics/yolov5 v7.0 export.py::parse_opt: every argument, aliases included
+V7_EXPORT_FLAGS = (
+    "data", "weights", "imgsz", "img", "img-size", "batch-size", "device", "half", "inplace", "keras", "optimize",
+    "int8", "dynamic", "simplify", "opset", "verbose", "workspace", "nms", "agnostic-nms", "topk-per-class",
+    "topk-all", "iou-thres", "conf-thres", "include",
+)  # fmt: skip
+
+
+def test_the_flag_table_has_every_v7_export_flag():
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    section = next(s for s in text.split("\n## ")[1:] if s.startswith("ultralytics/yolov5 v7.0 `export.py`"))
+    rows = [line for line in section.splitlines() if line.startswith("| `--")]
+    found = [f.lstrip("-") for row in rows for f in row.split("|")[1].replace("`", " ").split() if f.startswith("--")]
+    assert sorted(set(found)) == sorted(V7_EXPORT_FLAGS)
+    assert all(row.split("|")[2].strip() for row in rows)  # each has a yolo5l form, or says why none
+    # Each format of v7.0's --include has its row.
+    words = {w for row in rows if "--include" in row for w in row.split("|")[1].replace("`", " ").split()}
+    assert {"torchscript", "onnx", "openvino", "engine", "coreml", "tflite", *UNWRITTEN} <= words
+
+
+@pytest.mark.parametrize("flag", V7_EXPORT_FLAGS)
+def test_each_v7_export_flag_typed_as_is_gets_one_line(flag):
+    from yolo5l.overrides import V7_OPTIONS, V7_WITHOUT, check_overrides
+
+    with pytest.raises(UserError) as e:
+        check_overrides(["weights=w.pt", f"--{flag}"], "export")
+    message = str(e.value)
+    assert "\n" not in message
+    instead, without = V7_OPTIONS["export"].get(f"--{flag}"), V7_WITHOUT["export"].get(f"--{flag}")
+    assert (instead or without) is not None, flag
+    assert (f"write {instead}" if instead else f"no counterpart here: {without}") in message
