@@ -354,6 +354,15 @@ def test_small_validation_set_gives_every_rank_a_batch_and_counts_each_image_onc
     assert sorted(i for shard in shards for i in shard) == list(range(10))
 
 
+def test_the_default_validation_batch_follows_a_searched_batch(synthetic):
+    """`data.batch_size=-1`: the search sets the batch after the data module is made; the validation batch, unless
+    typed, is twice the batch found (not twice -1)."""
+    dm = make_dm(synthetic, batch_size=-1)
+    dm.batch_size = 8  # what train.py's batch search writes
+    assert dm.rank_val_batch_size(1000) == 16
+    assert make_dm(synthetic, batch_size=-1, val_batch_size=6).rank_val_batch_size(1000) == 6
+
+
 def test_validation_alone_scans_only_its_split(synthetic):
     """`python -m yolo5l.val task=test` validates one split: the training split's labels are not scanned (its corrupt
     images are not reported by a validation that never reads them); a fit scans both."""

@@ -179,7 +179,7 @@ class YOLODataModule(LightningDataModule):
         self.prefetch_factor = prefetch_factor
         self.hyp = dict(hyp) if hyp is not None else None
         self.close_mosaic = int(close_mosaic)
-        self.val_batch_size = int(val_batch_size) if val_batch_size else 2 * self.batch_size
+        self.val_batch_size = int(val_batch_size) if val_batch_size else None  # None: 2 x batch_size, once searched
         self.val_num_workers = None if val_num_workers is None else int(val_num_workers)
         self.seed = int(seed)
         self.channels_last = channels_last
@@ -382,7 +382,7 @@ class YOLODataModule(LightningDataModule):
         """The validation batch one rank loads: its share of ``val_batch_size``, at most its share of the images
         (a larger batch would leave a rank of a small validation set without any batch)."""
         world = self._dist()[1]
-        return max(1, min(self.val_batch_size // world, num_images // world))
+        return max(1, min((self.val_batch_size or 2 * self.batch_size) // world, num_images // world))
 
     def _uses_accelerator(self) -> bool:
         trainer = getattr(self, "trainer", None)
