@@ -148,8 +148,8 @@ class ExportedModel:
     def _load_deploy(self, fmt: str) -> Callable[[Tensor], Tensor]:
         if fmt == "coreml":
             raise UserError(
-                f"{self.path}: yolo5l's val and predict do not run Core ML models (on any system): load it in a Core ML "
-                "app on macOS or iOS, or export format=onnx to validate it here"
+                f"{self.path}: yolo5l's val and predict do not run Core ML models (on any system): load it in a "
+                "Core ML app on macOS or iOS, or export format=onnx to validate it here"
             )
         if fmt == "openvino":
             from yolo5l.deploy.openvino import load_openvino as load
