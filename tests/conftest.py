@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -64,6 +65,18 @@ def pytest_unconfigure(config):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _absl_keeps_off_pytest_capture():
+    """`import openvino` imports absl, whose log handler keeps the `sys.stderr` of that moment (pytest's capture) and
+    closes it when Hydra's logging set-up closes every handler, unless it is the `sys.stderr` of that later moment:
+    an in-process command under `capsys` would close pytest's capture for the rest of the session. After each test
+    the handler writes to the process's own stderr, which it never closes."""
+    yield
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
 
 
 @pytest.fixture

@@ -44,18 +44,6 @@ TOL = {"rtol": 1e-4, "atol": 1e-3}  # fp32 through another runtime (as tests/tes
 UNWRITTEN = ["saved_model", "pb", "tfjs", "edgetpu", "paddle"]
 
 
-@pytest.fixture(autouse=True)
-def _absl_keeps_off_pytest_capture():
-    """`import openvino` imports absl, whose log handler keeps the `sys.stderr` of that moment (pytest's capture) and
-    closes it when Hydra's logging set-up closes every handler, unless it is the `sys.stderr` of that later moment:
-    an in-process command under `capsys` would close pytest's capture for the rest of the session. After each test
-    the handler writes to the process's own stderr, which it never closes."""
-    yield
-    absl_logging = sys.modules.get("absl.logging")
-    if absl_logging is not None:
-        absl_logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
-
-
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("export_options")
