@@ -357,6 +357,7 @@ def _device_items(ds: YOLODataset, keys, chunk: int = 40) -> list[tuple[np.ndarr
     return out
 
 
+@pytest.mark.heavy
 def test_device_path_mosaic_statistics_match_oracle(index):
     """The same moments and fill fraction as the canvas oracle's mosaics (HSV and flips off: the geometry alone)."""
     off = {"hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "fliplr": 0.0}
@@ -376,6 +377,7 @@ def test_device_path_mosaic_statistics_match_oracle(index):
     assert abs(fill - ref_fill) < 0.001
 
 
+@pytest.mark.heavy
 def test_device_path_training_samples_distribution_matches_oracle(index):
     """Whole samples of the device path (albumentations' samples made on the host) against the oracle's, in
     distribution, as the host path's are in test_training_samples_distribution_matches_oracle."""

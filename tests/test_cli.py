@@ -202,6 +202,7 @@ MISTAKES = [
 ]  # the same checks run in-process, one by one, in test_config.py
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("entry", "args", "needle"), MISTAKES)
 def test_mistakes_are_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, args, needle):
     w = tmp_path / "w.pt"

@@ -142,6 +142,7 @@ def test_scratch_high_differs_from_low_where_yolov5_does(tmp_path):
     assert (high.lrf, high.cls, high.obj, high.scale, high.mixup, high.copy_paste) == (0.1, 0.3, 0.7, 0.9, 0.1, 0.1)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", config_choices("model"))
 def test_every_model_instantiates(tmp_path, name):
     cfg = compose_config([f"model={name}"], output_dir=tmp_path)

@@ -25,6 +25,8 @@ from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import find_format, output_path
 from yolo5l.export import export_weights
 
+pytestmark = pytest.mark.heavy  # every format end to end: make test-ci (CI) runs them
+
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]
 TOLERANCE = {"fp32": 0.002, "fp16": 0.005, "int8": 0.03}  # mAP@0.5:0.95 from the .pt's
 

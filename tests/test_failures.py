@@ -57,6 +57,7 @@ def test_every_loader_refuses_hostile_checkpoints(tmp_path):
     assert not files["marker"].exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("entry", "args", "name"),
     [

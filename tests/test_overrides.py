@@ -101,6 +101,7 @@ ENTRY_MISTAKES = [
 ]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("entry", "args", "needle"), ENTRY_MISTAKES)
 def test_entry_points_print_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, args, needle):
     w = tmp_path / "w.pt"
@@ -141,6 +142,7 @@ def test_an_argument_left_at_its_default_is_added_with_plus():
         check_overrides(["trainer.profiler=simple"], "train")
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("entry", ["train", "val", "predict", "export"])
 def test_every_v7_option_hint_is_a_valid_override(entry):
     """What `--epochs 3` and the others are told to write passes the same check."""

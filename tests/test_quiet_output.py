@@ -259,6 +259,7 @@ def test_a_load_that_then_fails_prints_the_error_only(dataset, tmp):
 # ---- exports ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("fmt", "module"),
     [("tflite", "litert_torch"), ("openvino", "nncf")],

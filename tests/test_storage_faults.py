@@ -73,6 +73,7 @@ def test_archive_damage_finds_truncated_and_changed_files(tmp_path):
         read_resume_state(tmp_path / "bad.ckpt")
 
 
+@pytest.mark.heavy
 def test_damaged_files_are_named_in_one_line_at_every_entry_point(tmp_path):
     """A truncated last.ckpt and a truncated weights.pt given to train resume=, train weights=, val, predict and
     convert: one `error:` line naming the file, exit code 2, no traceback."""

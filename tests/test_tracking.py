@@ -21,6 +21,8 @@ from yolo5l.base.errors import UserError
 from yolo5l.callbacks.sweep import append_row, read_summary, render_markdown
 from yolo5l.config import check_group_choices, check_search_space, compose_config
 
+pytestmark = pytest.mark.heavy  # the trackers and the search end to end: make test-ci (CI) runs them
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: ultralytics/yolov5 v7.0 train.py `meta`: (lower, upper) of each hyperparameter --evolve searches.
