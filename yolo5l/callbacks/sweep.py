@@ -4,7 +4,8 @@
 job's fit ends it appends its row to `<sweep dir>/summary.csv` (under a file lock, rewritten atomically, so jobs
 finishing together, as with a parallel launcher, never lose rows) and re-renders `<sweep dir>/summary.md`.
 A sweeper that optimises what the jobs return (`hparams_search=evolve`: Optuna) gets the trials ranked by YOLOv5's
-fitness, the best first.
+fitness, the best first, and each finished trial's row in `<sweep dir>/evolve.csv` (YOLOv5's layout:
+`yolo5l.tracking.evolve`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf
 from typing_extensions import override
 
 from yolo5l.io.files import atomic_write, file_lock
-from yolo5l.training.best_fitness import run_fitness
+from yolo5l.training.best_fitness import best_of, run_fitness
 
 COLUMNS = (
     "job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir", "fitness",
@@ -107,7 +108,30 @@ class SweepSummary(Callback):
             "fitness": float("nan") if fitness is None else fitness,
         }
         append_row(self.sweep_dir, row, rank_by=self.rank_by)
+        if self.rank_by == "fitness" and status == "finished":
+            from yolo5l.tracking.evolve import append_generation
+
+            append_generation(self.sweep_dir, best_validation(trainer), self._hyp())
         return row
+
+    def _hyp(self) -> dict[str, Any]:
+        # The job's hyp as its run folder records it (what best_hyp.yaml is made from).
+        job_config = Path(self.output_dir) / ".hydra" / "config.yaml"
+        hyp = OmegaConf.load(job_config).get("hyp") if job_config.is_file() else None
+        return OmegaConf.to_container(hyp, resolve=True) if hyp is not None else {}  # type: ignore[return-value]
+
+
+def best_validation(trainer: pl.Trainer) -> dict[str, float]:
+    """The `val/*` values of the run's best validation (the one whose fitness the job returns): the module's record
+    with that epoch's validation losses from the per-epoch CSV logger; the latest values when either is missing."""
+    from yolo5l.tracking.loggers import EpochCSVLogger
+
+    latest = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/") and v.numel() == 1}
+    record = best_of(trainer.lightning_module)
+    if record is None or record.row is None or record.epoch is None:
+        return latest
+    epoch_row = next((lg.rows.get(record.epoch, {}) for lg in trainer.loggers if isinstance(lg, EpochCSVLogger)), {})
+    return latest | {k: float(v) for k, v in epoch_row.items() if k.startswith("val/")} | record.row
 
 
 def _metric_history(trainer: pl.Trainer) -> dict[str, list[float]]:

@@ -1,8 +1,9 @@
 """The hyperparameter search of `hparams_search=...` (Hydra's Optuna sweeper): `SearchCallback`, a Hydra callback
 (`hydra.callbacks` of conf/hparams_search/*.yaml), refuses a search key that is not a hyperparameter before any trial
-runs, and writes the best trial's full hyp as `<sweep dir>/best_hyp.yaml` when the sweep ends (`write_best_hyp`).
+runs, and when the sweep ends writes the best trial's full hyp as `<sweep dir>/best_hyp.yaml` (`write_best_hyp`) and
+YOLOv5's `evolve.png` (fitness against each searched hyperparameter: `yolo5l.tracking.evolve.plot_evolve`).
 
-Each trial's row comes from `yolo5l.callbacks.sweep.SweepSummary` (the sweep's summary.csv).
+Each trial's rows come from `yolo5l.callbacks.sweep.SweepSummary` (the sweep's summary.csv and evolve.csv).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from yolo5l.base.console import fail, print_outputs
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.callbacks.sweep import read_summary
 from yolo5l.io.files import atomic_write
+from yolo5l.tracking.evolve import plot_evolve
 
 __all__ = ["SearchCallback", "write_best_hyp"]
 
@@ -58,7 +60,8 @@ def write_best_hyp(sweep_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] 
 
 class SearchCallback(Callback):
     """Hydra callback of the `hparams_search` configs (`hydra.callbacks`): before the sweep, a search key that is not a
-    hyperparameter is one line and exit code 2 (each trial would fail on it); after it, `best_hyp.yaml`.
+    hyperparameter is one line and exit code 2 (each trial would fail on it); after it, `best_hyp.yaml` and
+    `evolve.png`.
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -79,7 +82,15 @@ class SearchCallback(Callback):
         path, best = written
         with open(sweep_dir / "summary.md", "a") as f:
             f.write(f"\nThe best trial's hyperparameters (job {best['job']}): `{path.name}`, a conf/hyp file.\n")
+        evolve_csv = sweep_dir / "evolve.csv"
+        searched = [str(k).removeprefix("hyp.") for k in OmegaConf.select(config, "hydra.sweeper.params") or {}]
+        plotted = plot_evolve(evolve_csv, searched) if evolve_csv.is_file() else None
         print_outputs(
             f"Search done: best job {best['job']}, val/fitness {float(best['fitness']):.4f}. Outputs:",
-            {"table": shown_path(sweep_dir / "summary.md"), "best hyp": shown_path(path)},
+            {
+                "table": shown_path(sweep_dir / "summary.md"),
+                "best hyp": shown_path(path),
+                "evolve.csv": shown_path(evolve_csv) if evolve_csv.is_file() else None,
+                "evolve.png": shown_path(plotted[0]) if plotted else None,
+            },
         )
