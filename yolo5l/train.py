@@ -38,9 +38,10 @@ from yolo5l.callbacks.epoch_line import EpochLine
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
+from yolo5l.effective_config import EffectiveConfig
 from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
 from yolo5l.resume import resume_config, resume_in_place
-from yolo5l.run_info import EffectiveConfig, cpu_oversubscription, settle, settle_build
+from yolo5l.run_info import cpu_oversubscription, settle, settle_build
 from yolo5l.tracking.trackers import finish_run, instantiate_entries
 from yolo5l.training.divergence import TrainingDiverged
 from yolo5l.training.final_val import validate_best
