@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine: `make train` and `make test`.
 # `make train` creates .venv (pip install -e ".[dev]") when it is missing or older than pyproject.toml; `make test`
-# adds the optional extras the tests exercise (export formats, MLflow, Optuna; see pyproject.toml) on top.
+# adds the optional extras the tests exercise (export formats, MLflow, Comet, Optuna; see pyproject.toml) on top.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +24,7 @@ TFLITE := "litert-torch==0.10.*" "litert-converter==0.5.*" "ai-edge-quantizer==0
 TFLITE_NEEDS := "ai-edge-litert==2.3.*" "torchao>=0.17" jax immutabledict absl-py rich
 
 $(BIN)/.installed-extras: $(BIN)/.installed
-	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
+	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,comet,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
 	$(BIN)/python -m pip install -q --no-deps $(TFLITE)
 	touch $@
 

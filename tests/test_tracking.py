@@ -1,15 +1,18 @@
-"""Tracking and search: loggers as config (MLflow against a local file store, W&B offline), the composed config as
-parameters, images and run files as artifacts; a missing extra or an unknown logger as one line, an unreachable server
-as one warning; hparams_search=evolve's space (YOLOv5's meta ranges), its search-key check, the fitness ranking and
-best_hyp.yaml, and a real 4-trial Optuna search (slow)."""
+"""Tracking and search: loggers as config (MLflow against a local file store, W&B and Comet offline), the composed
+config as parameters, images and run files as artifacts; a missing extra, an unknown logger or logger=clearml as one
+line, an unreachable server or a Comet experiment that cannot start as one warning; hparams_search=evolve's space
+(YOLOv5's meta ranges), its search-key check, the fitness ranking and best_hyp.yaml, and a real 4-trial Optuna search
+(slow)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -75,11 +78,11 @@ def _compose_hydra(overrides: list[str]):
 
 # ---- loggers as config ----------------------------------------------------------------------------------------------
 def test_unknown_logger_is_one_line_listing_the_choices():
-    message = r"^unknown logger 'foo': choose one of csv, mlflow, none, tensorboard, wandb$"
+    message = r"^unknown logger 'foo': choose one of clearml, comet, csv, mlflow, none, tensorboard, wandb$"
     for arg in ("logger=foo", "logger=[tensorboard,foo]"):
         with pytest.raises(UserError, match=message):
             check_group_choices([arg])
-    check_group_choices(["logger=[tensorboard,mlflow,wandb]"])
+    check_group_choices(["logger=[tensorboard,mlflow,wandb,comet]"])
 
 
 def test_logger_options_compose_alone_and_as_lists(tmp_path, monkeypatch):
@@ -87,6 +90,7 @@ def test_logger_options_compose_alone_and_as_lists(tmp_path, monkeypatch):
     cases = {
         "mlflow": ["mlflow", "tensorboard", "csv"],  # added to the default loggers, as the README says
         "wandb": ["wandb", "tensorboard", "csv"],
+        "comet": ["comet", "tensorboard", "csv"],
         "[tensorboard,mlflow]": ["tensorboard", "csv", "mlflow"],  # csv once, though both include it
         "[tensorboard,mlflow,wandb]": ["tensorboard", "csv", "mlflow", "wandb"],
     }
@@ -96,6 +100,8 @@ def test_logger_options_compose_alone_and_as_lists(tmp_path, monkeypatch):
     assert cfg.logger.mlflow.tracking_uri == f"sqlite:///{tmp_path}/mlflow.db"
     assert cfg.logger.mlflow.tags.run_dir == str(tmp_path / "r")
     assert cfg.logger.wandb.save_dir == str(tmp_path / "r")
+    comet = compose_config(["logger=comet"], output_dir=tmp_path / "r").logger.comet
+    assert (comet.offline_directory, comet.mode) == (str(tmp_path / "r" / "comet"), "create")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     assert compose_config(["logger=mlflow"], output_dir=tmp_path / "r").logger.mlflow.tracking_uri == (
         "http://mlflow.example:5000"
@@ -106,7 +112,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
     from yolo5l.tracking import trackers
 
     monkeypatch.setattr(trackers, "_installed", lambda module: False)
-    for name in ("mlflow", "wandb"):
+    for name in ("mlflow", "wandb", "comet"):
         cfg = compose_config([f"logger=[csv,{name}]"], output_dir=tmp_path)
         with pytest.raises(UserError, match=rf'^logger={name} needs the {name} extra: pip install -e "\.\[{name}\]"$'):
             trackers.instantiate_entries(cfg.logger)
@@ -118,6 +124,77 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == ['error: logger=mlflow needs the mlflow extra: pip install -e ".[mlflow]"']
     assert not any((tmp_path / "runs").rglob("metrics.csv"))
+
+
+CLEARML_LINE = (
+    "logger=clearml is not available: Lightning ships no ClearML logger and yolo5l patches no library for ClearML's "
+    "Task.init; track the run with logger=comet, logger=mlflow or logger=wandb (TensorBoard events are in the run "
+    "folder)"
+)
+
+
+def test_clearml_and_comet_online_false_are_one_line(tmp_path, monkeypatch):
+    from yolo5l.tracking import trackers
+
+    for arg in ("logger=clearml", "logger=[tensorboard,clearml]"):
+        with pytest.raises(UserError) as e:
+            trackers.instantiate_entries(compose_config([arg], output_dir=tmp_path).logger)
+        assert str(e.value) == CLEARML_LINE
+    monkeypatch.setattr(trackers, "_installed", lambda module: True)  # refused before comet_ml is imported
+    cfg = compose_config(["logger=comet", "+logger.comet.online=false"], output_dir=tmp_path)
+    with pytest.raises(UserError, match=r"^logger\.comet\.online=false makes Lightning's CometLogger log nothing; "
+                       r"for an offline experiment set COMET_START_ONLINE=false instead$"):  # fmt: skip
+        trackers.instantiate_entries(cfg.logger)
+    # The command line: one line, exit code 2, nothing trained.
+    r = _train([*TINY, "logger=clearml", f"paths.runs_dir={tmp_path / 'runs'}"], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"error: {CLEARML_LINE}"]
+    assert not any((tmp_path / "runs").rglob("metrics.csv"))
+
+
+def test_comet_offline_experiment_has_config_metrics_images_and_run_files(tmp_path, monkeypatch):
+    pytest.importorskip("comet_ml")
+    monkeypatch.setenv("COMET_START_ONLINE", "false")
+    out = tmp_path / "run"
+    r = _train(["logger=comet", *TINY, "trainer.max_epochs=2", f"hydra.run.dir={out}",
+                f"data.synthetic.root={tmp_path / 'syn'}"], tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    (archive,) = (out / "comet").glob("*.zip")  # written as finish_run ends the experiment
+    with zipfile.ZipFile(archive) as z:
+        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+
+    def of(kind):
+        return [m["payload"] for m in messages if m["type"] == kind]
+
+    logged = [p.get("param") or p["params"] for p in of("parameter_msg")]  # "params": a list value
+    params = {p["paramName"]: p["paramValue"] for p in logged}
+    cfg = OmegaConf.load(out / ".hydra" / "config.yaml")
+    assert (params["model.width"], params["hyp.lr0"], params["data.imgsz"]) == (cfg.model.width, cfg.hyp.lr0, 128)
+    names = [p["metric"]["metricName"] for p in of("metric_msg")]
+    assert names.count("val/map") == 2  # once a validation: not again from TensorBoard's writer (Comet auto-logging)
+    assert "train/loss_box" in names
+    extra = [(p["upload_type"], p.get("additional_params") or {}) for p in of("file_upload")]
+    uploads = {(kind, a.get("fileName") or a.get("figName")) for kind, a in extra}
+    assert {("visualization", "train/batch0.jpg"), ("model-element", "checkpoints/weights.pt"),
+            ("asset", "metrics.csv"), ("asset", "per_class.csv")} <= uploads  # fmt: skip
+    assert "sentry" not in r.stdout + r.stderr  # Comet's crash reports stay off: an offline run calls out to no one
+
+
+def test_comet_that_cannot_start_is_one_warning_and_the_other_loggers_stay(tmp_path):
+    pytest.importorskip("comet_ml")
+    code = (
+        "from yolo5l.config import compose_config; from yolo5l.tracking.trackers import instantiate_entries; "
+        f"cfg = compose_config(['logger=[csv,comet]'], output_dir={str(tmp_path)!r}); "
+        "print([type(lg).__name__ for lg in instantiate_entries(cfg.logger)])"
+    )
+    env = {k: v for k, v in _env().items() if not k.startswith("COMET_")}  # online and no API key: cannot start
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert lines[-1] == "['EpochCSVLogger', 'TensorBoardLogger']"
+    (warning,) = [ln for ln in lines if ln.startswith("[yolo5l]")]
+    assert warning.startswith("[yolo5l] warning: logger=comet: the Comet experiment cannot start (ValueError: Comet")
+    assert warning.endswith("; going on without it")
 
 
 def test_unreachable_tracking_uri_is_one_warning_and_the_other_loggers_stay(tmp_path, capsys):

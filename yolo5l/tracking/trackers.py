@@ -1,19 +1,22 @@
 """Experiment tracking on Lightning's own loggers (the hyperparameter search is `yolo5l.tracking.search`).
 
-- `instantiate_entries` builds `train.build`'s callbacks and loggers (`logger=mlflow`, `logger=[tensorboard,wandb]`).
+- `instantiate_entries` builds `train.build`'s callbacks and loggers (`logger=mlflow`, `logger=[tensorboard,comet]`).
   A tracker whose optional extra is not installed is a one-line `UserError` naming the extra; one whose server cannot
   be reached is one warning line naming it, and training goes on with the other loggers and the run folder. Every
-  logger gets the composed config as flattened parameters (`model.width`).
-- `add_jpeg`, `log_image`: the drawn batches of BatchPlotter and ValidationPlots as JPEG to TensorBoard, MLflow and
-  W&B.
+  logger gets the composed config as flattened parameters (`model.width`). A logger option that yolo5l does not
+  build (`logger=clearml`: its config's `unavailable` line says why and what instead) is a one-line `UserError`.
+- `add_jpeg`, `log_image`: the drawn batches of BatchPlotter and ValidationPlots as JPEG to TensorBoard, MLflow, W&B
+  and Comet.
 - `finish_run`, at the end of `train`: the run's best `val/fitness` (what a sweeper maximises) and, on rank 0,
-  weights.pt, metrics.csv and per_class.csv as artifacts of the MLflow and W&B runs.
+  weights.pt, metrics.csv and per_class.csv as artifacts of the MLflow and W&B runs and assets of the Comet
+  experiment (weights.pt as a Comet model); the W&B run and the Comet experiment are then closed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import os
 import tempfile
 import threading
@@ -39,7 +42,7 @@ __all__ = [
 ]
 
 #: Logger class -> (module it needs, the yolo5l extra that installs it).
-EXTRAS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb")}
+EXTRAS = {"MLFlowLogger": ("mlflow", "mlflow"), "WandbLogger": ("wandb", "wandb"), "CometLogger": ("comet_ml", "comet")}
 #: Seconds a remote MLflow server gets to answer the start-up probe (MLflow's own retries take minutes).
 PROBE_TIMEOUT_S = 10.0
 #: Tables of the run folder that go to the trackers at the end when they exist, besides weights.pt and metrics.csv.
@@ -60,12 +63,13 @@ def _first_line(error: BaseException, limit: int = 160) -> str:
 def instantiate_entries(node: DictConfig | None) -> list[Any]:
     """Instantiate every `_target_` entry of a group keyed by name (`callbacks`, `logger`).
 
-    Trackers (MLflow, W&B) are checked first: a missing extra raises, an unreachable server drops the tracker with a
-    warning (on rank 0, the only rank that talks to it). When the group holds loggers, each gets the root config's
-    flattened values as hyperparameters.
+    Trackers (MLflow, W&B, Comet) are checked first: a missing extra raises, an unreachable server drops the tracker
+    with a warning (on rank 0, the only rank that talks to it). When the group holds loggers, each gets the root
+    config's flattened values as hyperparameters.
 
     Raises:
-        UserError: A tracker's extra is not installed.
+        UserError: A tracker's extra is not installed; an entry that says why it is `unavailable`; Comet with
+            `online: false`.
     """
     from lightning.pytorch.loggers import Logger
 
@@ -73,6 +77,8 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
 
     built: list[Any] = []
     for name, entry in (node or {}).items():
+        if OmegaConf.is_dict(entry) and "unavailable" in entry:
+            raise UserError(f"logger={name} is not available: {entry.unavailable}")
         if not (OmegaConf.is_dict(entry) and "_target_" in entry):
             continue
         kind = str(entry._target_).rsplit(".", 1)[-1]
@@ -85,8 +91,24 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
             if problem is not None:
                 warn(f"logger={name}: MLflow tracking URI {uri} cannot be reached ({problem}); going on without it")
                 continue
+        if kind == "CometLogger" and entry.get("online") is False:
+            # Lightning 2.6 then disables the experiment: nothing is logged (Lightning-AI/pytorch-lightning#21617)
+            raise UserError(
+                f"logger.{name}.online=false makes Lightning's CometLogger log nothing; for an offline experiment set "
+                "COMET_START_ONLINE=false instead"
+            )
         extra = _mlflow_artifacts(entry, node) if kind == "MLFlowLogger" else {}
-        obj = instantiate(entry, _convert_="all", **extra)
+        if kind == "CometLogger":
+            _comet_environment()
+        try:
+            obj = instantiate(entry, _convert_="all", **extra)
+        except Exception as e:
+            if kind != "CometLogger" or not is_rank_zero():
+                raise
+            # CometLogger starts the experiment in its constructor, on rank 0 (no API key: a ValueError)
+            cause = e.__cause__ or e  # Hydra's InstantiationException wraps the constructor's error
+            warn(f"logger={name}: the Comet experiment cannot start ({_first_line(cause)}); going on without it")
+            continue
         if kind == "WandbLogger" and is_rank_zero():
             problem = _start_wandb(obj)
             if problem is not None:
@@ -100,6 +122,19 @@ def instantiate_entries(node: DictConfig | None) -> list[Any]:
         for lg in loggers:
             lg.log_hyperparams(params)
     return built
+
+
+def _comet_environment() -> None:
+    """Before the first `import comet_ml` (CometLogger's constructor), unless the environment says otherwise:
+
+    - Comet's auto-logging is off (COMET_DISABLE_AUTO_LOGGING=1). Lightning sets it too, but only after its
+      availability check has imported comet_ml, whose import then patches TensorBoard's SummaryWriter: every scalar
+      would reach the experiment twice, once from Lightning and once from the TensorBoard logger.
+    - Comet's crash reports to its Sentry project are off (COMET_ERROR_TRACKING_ENABLE=false): an offline run calls
+      out to no one.
+    """
+    os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
+    os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
 
 
 def flat_config(cfg: DictConfig) -> dict[str, Any]:
@@ -235,15 +270,19 @@ def add_jpeg(experiment: Any, tag: str, rgb: Any, step: int, quality: int = 90) 
 
 
 def log_image(logger: Any, tag: str, rgb: Any, step: int) -> bool:
-    """Log an (H, W, 3) uint8 RGB image to an MLflow (artifact `<tag>.jpg`) or W&B (media `<tag>`) logger as JPEG.
+    """Log an (H, W, 3) uint8 RGB image to an MLflow (artifact `<tag>.jpg`), W&B (media `<tag>`) or Comet (image
+    `<tag>.jpg`) logger as JPEG.
 
     Returns:
-        False when `logger` is neither (nothing logged).
+        False when `logger` is none of them (nothing logged).
     """
     kind = _kind(logger)
     if kind is None:
         return False
     folder, _, name = tag.rpartition("/")
+    if kind == "CometLogger":  # Comet copies a file-like image when it is logged
+        logger.experiment.log_image(io.BytesIO(encode_jpeg(rgb)), name=f"{tag}.jpg", image_format="jpeg", step=step)
+        return True
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.jpg"
         path.write_bytes(encode_jpeg(rgb))
@@ -270,7 +309,8 @@ def run_files(trainer: Any, output_dir: Path) -> list[tuple[Path, str]]:
 
 def finish_run(trainer: Any, output_dir: str | os.PathLike) -> dict[str, float]:
     """End of `train`: the run's best fitness as `{"val/best_fitness": x}` ({} without a validation), and on global
-    rank 0 the run's files (`run_files`) as artifacts of its MLflow and W&B runs, whose W&B run is then closed.
+    rank 0 the run's files (`run_files`) as artifacts of its MLflow and W&B runs and assets of its Comet experiment;
+    the W&B run and the Comet experiment are then closed (an offline Comet experiment writes its archive then).
 
     A tracker that fails here costs one warning line: the run folder has everything already.
     """
@@ -292,6 +332,16 @@ def _log_files(logger: Any, kind: str, files: Sequence[tuple[Path, str]]) -> Non
     if kind == "MLFlowLogger":
         for path, folder in files:
             logger.experiment.log_artifact(logger.run_id, str(path), artifact_path=folder or None)
+        return
+    if kind == "CometLogger":
+        experiment = logger.experiment
+        for path, folder in files:
+            name = f"{folder}/{path.name}" if folder else path.name
+            if path.suffix == ".pt":  # the weights: a model of the experiment (Comet's Models tab)
+                experiment.log_model("yolo5l", str(path), file_name=name)
+            else:
+                experiment.log_asset(str(path), file_name=name)
+        experiment.end()  # a sweep's next trial starts its own experiment
         return
     import wandb
 
