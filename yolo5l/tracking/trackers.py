@@ -130,8 +130,8 @@ def _comet_environment() -> None:
     - Comet's auto-logging is off (COMET_DISABLE_AUTO_LOGGING=1). Lightning sets it too, but only after its
       availability check has imported comet_ml, whose import then patches TensorBoard's SummaryWriter: every scalar
       would reach the experiment twice, once from Lightning and once from the TensorBoard logger.
-    - Comet's crash reports to its Sentry project are off (COMET_ERROR_TRACKING_ENABLE=false): an offline run calls
-      out to no one.
+    - Comet's reports of its own errors to its Sentry project are off (COMET_ERROR_TRACKING_ENABLE=false): they are
+      not the run's data, and where Sentry cannot be reached (an offline run) each try was three warning lines.
     """
     os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
     os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
