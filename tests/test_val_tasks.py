@@ -17,6 +17,7 @@ import yaml
 from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
 from yolo5l.val import validate_weights
+from yolo5l.val_tasks import check_val_options
 
 COMMON = ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.precision=32", "plots=false",
           "data.val_batch_size=4", "data.imgsz=64", "data.cache=none"]  # fmt: skip
@@ -221,6 +222,60 @@ def test_a_test_split_from_the_val_folder_keeps_its_own_label_cache(tmp_path):
     assert len({spec.cache_path(s) for s in ("train", "val", "test")}) == 3
     with pytest.raises(UserError, match="has no 'test:' split"):
         without.files("test")
+
+
+def _precision(tmp_path, *args: str) -> str:
+    return compose_config(["weights=w.pt", *args], "val", tmp_path / "run").trainer.precision
+
+
+def test_val_precision_is_float32_unless_half_as_v7(tmp_path, monkeypatch):
+    """v7.0's val.py runs float32 unless --half (fp16, on CUDA only), and times speed/study in fp16 on a GPU. On a CPU
+    with bf16 (faked here) val's default is float32 too; half=true asks for bf16 autocast there."""
+    from yolo5l.base import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    assert _precision(tmp_path, "trainer.accelerator=cpu") == "32-true"
+    assert _precision(tmp_path, "trainer.accelerator=cpu", "half=true") == "bf16-mixed"
+    assert _precision(tmp_path, "trainer.accelerator=cpu", "task=speed") == "32-true"
+    assert _precision(tmp_path, "trainer.accelerator=cuda") == "32-true"
+    assert _precision(tmp_path, "trainer.accelerator=cuda", "half=true") == "16-mixed"
+    assert _precision(tmp_path, "trainer.accelerator=cuda", "task=study") == "16-mixed"
+    assert _precision(tmp_path, "half=true", "trainer.precision=32-true") == "32-true"  # typed: it decides
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
+    assert _precision(tmp_path, "trainer.accelerator=cpu", "half=true") == "32-true"
+
+
+def test_the_trainer_validates_at_the_precision_val_picks(setup, monkeypatch, capsys):
+    """On a (faked) bf16 CPU the Trainer of `python -m yolo5l.val` gets 32-true by default and bf16-mixed with
+    half=true, with one line saying so; on a CPU without bf16, half=true is one line and float32."""
+    import lightning.pytorch as pl
+
+    from yolo5l.base import hardware
+
+    given = []
+
+    class Trainer(pl.Trainer):  # what conf/trainer's `_target_: lightning.pytorch.Trainer` builds, recording
+        def __init__(self, *args, precision=None, **kwargs):
+            given.append(str(precision))
+            super().__init__(*args, precision=precision, **kwargs)
+
+    monkeypatch.setattr(pl, "Trainer", Trainer)
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: True)
+    common = [a for a in COMMON if not a.startswith("trainer.precision=")]
+    for name, args in (("default", []), ("half", ["half=true"])):
+        run = setup["tmp"] / f"precision_{name}"
+        validate_weights(compose_config([f"weights={setup['weights']}", f"data.file={setup['with_test']}", *common,
+                                         *args], "val", run))  # fmt: skip
+    assert given == ["32-true", "bf16-mixed"]
+    out = capsys.readouterr().out
+    assert out.count("half=true") == 1
+    assert "half=true on the CPU: bf16 autocast (trainer.precision=bf16-mixed" in out
+    monkeypatch.setattr(hardware, "cpu_has_bf16", lambda: False)
+    check_val_options(compose_config([f"weights={setup['weights']}", "half=true", "trainer.accelerator=cpu"], "val",
+                                     setup["tmp"] / "no_bf16"))  # fmt: skip
+    assert "this CPU has no bf16 (AMX or AVX512-BF16): validating in float32" in capsys.readouterr().out
+    with pytest.raises(UserError, match="half='yes' must be true or false"):
+        check_val_options(compose_config([f"weights={setup['weights']}", "half=yes"], "val", setup["tmp"] / "bad"))
 
 
 # ultralytics/yolov5 v7.0 val.py::parse_opt and detect.py::parse_opt: every argument, aliases included

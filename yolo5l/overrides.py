@@ -51,6 +51,7 @@ V7_OPTIONS = {
         "--iou-thres": "module.iou_thres=X", "--device": "trainer.accelerator=cpu|gpu", "--task": "task=val",
         "--augment": "augment=true", "--save-txt": "save_txt=true", "--save-conf": "save_conf=true",
         "--save-hybrid": "save_hybrid=true", "--save-json": "save_json=true", "--single-cls": "data.single_cls=true",
+        "--half": "half=true",
     },
     "predict": {
         "--source": "source=path", "--weights": "weights=path.pt", "--img": "imgsz=N", "--imgsz": "imgsz=N",

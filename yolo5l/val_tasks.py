@@ -232,6 +232,32 @@ def check_val_options(cfg: DictConfig) -> None:
         info(f"module.conf_thres={cfg.module.conf_thres} > 0.001 lowers the mAP (v7.0 warns of the same)")
     if cfg.save_hybrid:
         info("save_hybrid=true: the labels join the predictions, so the mAP is that of labels + predictions")
+    _check_half(cfg)
+
+
+def _check_half(cfg: DictConfig) -> None:
+    """Refuse a `half` that is not a boolean; say what `half=true` does where it is not v7.0's fp16 on CUDA."""
+    from omegaconf import OmegaConf
+
+    from yolo5l.base.hardware import uses_cuda
+    from yolo5l.deploy.exported import is_exported
+
+    half = cfg.get("half", False)
+    if not isinstance(half, bool):
+        raise UserError(f"half={half!r} must be true or false")
+    if not half:
+        return
+    if is_exported(str(cfg.weights)):
+        info(f"half=true: {cfg.weights} runs at the precision it was exported with (export half=true for fp16)")
+    elif not OmegaConf.is_interpolation(cfg.trainer, "precision"):
+        info(f"half=true is ignored: trainer.precision={cfg.trainer.precision} decides")
+    elif not uses_cuda(str(cfg.trainer.accelerator)):
+        info(
+            "half=true on the CPU: bf16 autocast (trainer.precision=bf16-mixed; v7.0 validates in float32 here)"
+            if str(cfg.trainer.precision) == "bf16-mixed"
+            else "half=true: fp16 runs on CUDA only and this CPU has no bf16 (AMX or AVX512-BF16): validating in "
+            "float32"
+        )
 
 
 def _autocast(cfg: DictConfig) -> torch.dtype | None:
