@@ -4,6 +4,7 @@ save_hybrid (in-process through the entry point's own function, on a tiny synthe
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -276,6 +277,40 @@ def test_the_trainer_validates_at_the_precision_val_picks(setup, monkeypatch, ca
     assert "this CPU has no bf16 (AMX or AVX512-BF16): validating in float32" in capsys.readouterr().out
     with pytest.raises(UserError, match="half='yes' must be true or false"):
         check_val_options(compose_config([f"weights={setup['weights']}", "half=yes"], "val", setup["tmp"] / "bad"))
+
+
+_SPEED = re.compile(r"Speed: ([\d.]+)ms pre-process, ([\d.]+)ms inference, ([\d.]+)ms NMS per image at shape \((.*)\)")
+
+
+def _speed(out: str) -> tuple[list[float], str]:
+    """The figures and the shape of the one Speed line in `out`."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("Speed: ")]
+    assert len(lines) == 1, lines
+    m = _SPEED.fullmatch(lines[0])
+    assert m, lines[0]
+    return [float(v) for v in m.groups()[:3]], m.group(4)
+
+
+def test_every_validation_prints_v7s_speed_line(setup, capsys, tmp_path):
+    """After the tables, v7.0's per-image times at (batch, 3, imgsz, imgsz), for .pt weights (Lightning's validation)
+    and an exported file (the plain loop)."""
+    from yolo5l.export import export_weights
+
+    val(setup, "speed_line_pt", "task=test")
+    ms, shape = _speed(capsys.readouterr().out)
+    assert shape == "3, 3, 64, 64"  # the loader's batch: the 3 test images (data.val_batch_size=4)
+    assert all(t >= 0 for t in ms)
+    assert ms[1] > 0  # a forward pass takes time; the copy and NMS of 3 tiny images may round to 0.0
+    cfg = compose_config([f"weights={setup['weights']}", "format=torchscript", f"output={tmp_path / 'w.torchscript'}",
+                          "imgsz=64", "device=cpu"], "export", tmp_path / "export")  # fmt: skip
+    exported = export_weights(cfg)
+    capsys.readouterr()
+    run = tmp_path / "val_exported"
+    validate_weights(compose_config([f"weights={exported}", f"data.file={setup['with_test']}", *COMMON], "val", run))
+    ms, shape = _speed(capsys.readouterr().out)
+    assert shape == "4, 3, 64, 64"
+    assert all(t >= 0 for t in ms)
+    assert sum(ms) > 0
 
 
 # ultralytics/yolov5 v7.0 val.py::parse_opt and detect.py::parse_opt: every argument, aliases included

@@ -188,10 +188,10 @@ def predict(cfg: DictConfig) -> list[dict]:
     import os
 
     from yolo5l.base.hardware import inference_device
+    from yolo5l.eval.stage_times import StageTimes, speed_line
     from yolo5l.infer.boxes import non_max_suppression, scale_boxes
     from yolo5l.infer.feature_maps import FeatureMaps
     from yolo5l.infer.predict_outputs import PredictOutputs
-    from yolo5l.val_tasks import StageTimes, speed_line
 
     check_predict_config(cfg)
     device = inference_device(str(cfg.device))

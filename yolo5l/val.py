@@ -1,7 +1,8 @@
 """Validate weights on a dataset split: `python -m yolo5l.val weights=<weights.pt|yolov5s.pt> [data=...] [task=...]`.
 
 Prints the mAP table (precision, recall, mAP@0.5, mAP@0.5:0.95) and writes it as `metrics.json` in the run folder,
-then the per-class table (`per_class.csv`) and, unless `plots=false`, ultralytics' validation plots
+then the per-class table (`per_class.csv`), v7.0's `Speed:` line (per-image pre-process, inference and NMS times,
+`yolo5l.eval.stage_times`) and, unless `plots=false`, ultralytics' validation plots
 (`yolo5l.callbacks.val_plots.ValidationPlots`; an exported file gets all but the drawn batches).
 The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...).
 
@@ -26,6 +27,7 @@ from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, runn
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.config import check_val_config
+from yolo5l.eval.stage_times import speed_line
 from yolo5l.io.files import atomic_write
 from yolo5l.run_info import data_from_weights
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
@@ -73,17 +75,10 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.io.model_source import check_stride
     from yolo5l.io.weights import load_weights, resolve_weights
 
-    exported = is_exported(str(cfg.weights))
     if str(cfg.task) in ("speed", "study"):
         return run_timing_task(cfg, _set_imgsz)
-    if exported:  # an ONNX / TorchScript file: no LightningModule, a plain loop
-        if cfg.data.get("imgsz") is None:
-            from yolo5l.deploy.exported import load_exported
-
-            _set_imgsz(cfg, load_exported(str(cfg.weights), "cpu")[2])
-        datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
-        saved = _saved_outputs(cfg, datamodule)
-        return _report(*_validate_exported(cfg, datamodule, saved), saved=saved)
+    if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
+        return _validate_exported(cfg)
     try:
         model, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
@@ -98,23 +93,37 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
             "pass the data= or data.file= the weights were trained on"
         )
+    import torch
+
     from yolo5l.callbacks.progress_bar import with_console_progress
+    from yolo5l.callbacks.val_speed import ValidationSpeed
 
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")
     out = HydraConfig.get().runtime.output_dir
     plots = ValidationPlots(plots=bool(cfg.get("plots", True)), out_dir=out, print_table=False)  # printed below
     saved = _saved_outputs(cfg, datamodule)
+    speed = ValidationSpeed(torch.device(_device(cfg)))
     # a bar on a terminal only (without a bar callback Lightning adds its rich bar, which draws into files too)
-    callbacks = with_console_progress([plots, *saved.callbacks()], cfg.trainer.get("enable_progress_bar", True))
+    callbacks = [plots, *saved.callbacks(), speed]
+    callbacks = with_console_progress(callbacks, cfg.trainer.get("enable_progress_bar", True))
     precision = resolve_precision(cfg.trainer.precision, str(cfg.trainer.accelerator))  # `auto` typed: the conf's rule
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, precision=precision, _convert_="all")
+    trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, precision=precision, profiler=speed.profiler, _convert_="all"
+    )
     with running():
         results = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
     metrics = {k: float(v) for k, v in results.items()}
     if not trainer.is_global_zero:
         return metrics
     per_class = (plots.results, module.names, plots.files) if plots.results is not None else None
-    return _report(metrics, per_class, saved=saved)
+    return _report(metrics, per_class, saved=saved, speed=speed.line(_shape(cfg, datamodule)))
+
+
+def _shape(cfg: DictConfig, datamodule: Any) -> tuple[int, int, int, int]:
+    """The shape of v7.0's Speed line: (batch, 3, imgsz, imgsz), the batch being the largest a device's loader makes
+    (`data.val_batch_size` per device, fewer when the split is smaller); rectangular batches are letterboxed to other
+    shapes, which v7.0's line does not say either."""
+    return (int(datamodule.val_dataset.batch_size), 3, int(cfg.data.imgsz), int(cfg.data.imgsz))
 
 
 def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
@@ -147,17 +156,23 @@ def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
     info(f"data.imgsz: {cfg.data.imgsz} ({why})")
 
 
-def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) -> tuple[dict[str, float], _PerClass]:
-    """Validate an exported file (`yolo5l.val_tasks.validate_exported`) with the module config's NMS and metric."""
+def _validate_exported(cfg: DictConfig) -> dict[str, float]:
+    """Validate an exported file (`yolo5l.val_tasks.validate_exported`) with the module config's NMS and metric, and
+    report it (`_report`)."""
     import torch
 
     from yolo5l.base.hardware import uses_cuda
     from yolo5l.callbacks.val_plots import write_outputs
     from yolo5l.deploy.exported import load_exported
+    from yolo5l.eval.stage_times import StageTimes
     from yolo5l.val_tasks import validate_exported
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
-    model, names, _, _ = load_exported(str(cfg.weights), device)
+    model, names, file_imgsz, _ = load_exported(str(cfg.weights), device)
+    if cfg.data.get("imgsz") is None:
+        _set_imgsz(cfg, file_imgsz)
+    datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
+    saved = _saved_outputs(cfg, datamodule)
     if datamodule.single_cls:
         names = datamodule.names
     elif len(names) != datamodule.num_classes:
@@ -168,21 +183,26 @@ def _validate_exported(cfg: DictConfig, datamodule: Any, saved: SavedOutputs) ->
     metric = instantiate(cfg.module.metric, _convert_="all")
     if cfg.get("plots", True):
         metric.set_num_classes(len(names))
-    m = cfg.module
+    m, times = cfg.module, StageTimes(device)
     with running():
         metrics = validate_exported(
             model, datamodule, metric, m.conf_thres, m.iou_thres, m.max_det, device,
-            single_cls=datamodule.single_cls, saver=saved.saver, hybrid=bool(cfg.save_hybrid),
+            single_cls=datamodule.single_cls, saver=saved.saver, hybrid=bool(cfg.save_hybrid), times=times,
         )  # fmt: skip
     out, results = HydraConfig.get().runtime.output_dir, metric.per_class()
-    return metrics, (results, list(names), write_outputs(results, names, out, bool(cfg.get("plots", True))))
+    files = write_outputs(results, names, out, bool(cfg.get("plots", True)))
+    speed = speed_line(times.per_image_ms(), _shape(cfg, datamodule))
+    return _report(metrics, (results, list(names), files), saved=saved, speed=speed)
 
 
 def _report(
-    metrics: dict[str, float], per_class: _PerClass | None = None, saved: SavedOutputs | None = None
+    metrics: dict[str, float],
+    per_class: _PerClass | None = None,
+    saved: SavedOutputs | None = None,
+    speed: str | None = None,
 ) -> dict[str, float]:
-    """Write `metrics.json` into the run folder and print the table, then the per-class table and the saved
-    predictions (scored against the COCO annotations when there are some); returns `metrics`."""
+    """Write `metrics.json` into the run folder and print the table, then the per-class table, v7.0's `speed` line
+    and the saved predictions (scored against the COCO annotations when there are some); returns `metrics`."""
     out = Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     outputs: dict[str, Any] = {}
@@ -201,6 +221,8 @@ def _report(
         outputs["per-class table"] = shown_path(files["per_class.csv"]) if "per_class.csv" in files else None
         drawn = [name for name in files if name != "per_class.csv"]
         outputs["plots"] = f"{len(drawn)} files in {shown_path(out)} ({', '.join(drawn[:2])}, ...)" if drawn else None
+    if speed is not None:
+        print(speed)
     print_outputs("Outputs:", outputs)
     return metrics
 

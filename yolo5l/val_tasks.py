@@ -20,8 +20,7 @@ import contextlib
 import csv
 import io
 import json
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,51 +31,15 @@ from torch import Tensor
 
 from yolo5l.base.console import info
 from yolo5l.base.errors import UserError
+from yolo5l.eval.stage_times import StageTimes, speed_line
 
 __all__ = [
-    "SPEED_CONF", "SPEED_IOU", "TASKS", "StageTimes", "check_val_options", "load_detector", "plot_study",
-    "run_timing_task", "speed_line", "split_of", "validate_exported", "validation_loop", "write_speed", "write_study",
+    "SPEED_CONF", "SPEED_IOU", "TASKS", "check_val_options", "load_detector", "plot_study", "run_timing_task",
+    "split_of", "validate_exported", "validation_loop", "write_speed", "write_study",
 ]  # fmt: skip
 
 #: v7.0's thresholds for `--task speed`.
 SPEED_CONF, SPEED_IOU = 0.25, 0.45
-STAGES = ("pre-process", "inference", "NMS")
-
-
-class StageTimes:
-    """Wall time of each stage, summed over batches, and the images they covered.
-
-    Args:
-        device: The device the stages run on: CUDA is synchronised at each stage's start and end.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.seconds = [0.0, 0.0, 0.0]
-        self.images = 0
-
-    @contextlib.contextmanager
-    def stage(self, i: int) -> Iterator[None]:
-        """Time stage `i` (0 pre-process, 1 inference, 2 NMS)."""
-        self._sync()
-        t0 = time.perf_counter()
-        yield
-        self._sync()
-        self.seconds[i] += time.perf_counter() - t0
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # host sync: the clock must see the device's work
-
-    def per_image_ms(self) -> list[float]:
-        """Milliseconds per image of each stage."""
-        return [s / max(self.images, 1) * 1e3 for s in self.seconds]
-
-
-def speed_line(ms: Sequence[float], shape: Sequence[int]) -> str:
-    """v7.0's line: `Speed: 0.3ms pre-process, 7.1ms inference, 1.2ms NMS per image at shape (32, 3, 640, 640)`."""
-    stages = ", ".join(f"{t:.1f}ms {name}" for t, name in zip(ms, STAGES, strict=True))
-    return f"Speed: {stages} per image at shape {tuple(shape)}"
 
 
 @torch.no_grad()

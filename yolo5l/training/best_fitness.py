@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BestFitness", "ReadsBestFitness", "best_of", "run_fitness"]
+__all__ = ["BestFitness", "ReadsBestFitness", "best_of", "checkpoint_best", "run_fitness"]
 
 
 class BestFitness:
@@ -46,6 +46,17 @@ def best_of(pl_module: Any) -> BestFitness | None:
     """The record of a LightningModule that keeps one (`YOLOv5Module.best`), else None."""
     best = getattr(pl_module, "best", None)
     return best if isinstance(best, BestFitness) else None
+
+
+def checkpoint_best(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The `BestFitness` state a training checkpoint holds: `yolo5l_best`, or for a checkpoint written before the
+    module kept the record, `LastCheckpoint`'s best fitness and epoch ({} when neither is there)."""
+    if checkpoint.get("yolo5l_best"):
+        return checkpoint["yolo5l_best"]
+    for key, state in checkpoint.get("callbacks", {}).items():
+        if key.startswith("LastCheckpoint") and state.get("best_fitness") is not None:
+            return {"fitness": state["best_fitness"], "epoch": state.get("best_epoch")}
+    return {}
 
 
 class ReadsBestFitness:

@@ -30,8 +30,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import Metric
 
 from yolo5l.data.image_weights import class_maps
+from yolo5l.eval.stage_times import INFERENCE, NMS
 from yolo5l.infer.boxes import labels_to_original, non_max_suppression, to_original
-from yolo5l.training.best_fitness import BestFitness
+from yolo5l.training.best_fitness import BestFitness, checkpoint_best
 from yolo5l.training.divergence import LossGrowth, TrainingDiverged, describe_state, diverged, state_problem
 from yolo5l.training.optim import (
     OPTIMIZER_IMPLS,
@@ -369,7 +370,7 @@ class YOLOv5Module(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._last_opt_step = checkpoint.get("yolo5l_last_opt_step", -1)
         self._growth.lowest = checkpoint.get("yolo5l_lowest_loss")
-        self.best.load_state_dict(checkpoint.get("yolo5l_best") or _earlier_best(checkpoint))
+        self.best.load_state_dict(checkpoint_best(checkpoint))
         losses = checkpoint.get("yolo5l_epoch_losses")
         self._resumed_losses = (losses["sum"], int(losses["batches"])) if losses else None
 
@@ -442,14 +443,18 @@ class YOLOv5Module(pl.LightningModule):
         (`ValidationPlots` draws the first batches)."""
         images, targets, _, shapes = batch
         bsz, (h, w) = images.shape[0], images.shape[2:]
-        heads = self._net()(images)
+        profile = self.trainer.profiler.profile  # v7.0's stages, timed by `python -m yolo5l.val` (eval/stage_times.py)
+        with profile(INFERENCE):
+            heads = self._net()(images)
+            decoded = self._decode(heads, images, targets)
+        with profile(NMS):
+            dets = self._nms(decoded)
         _, items = self.loss(heads, targets)  # targets are normalised to the letterboxed batch
         for name, value in zip(("box", "obj", "cls"), items, strict=True):
             self.log(f"val/loss_{name}", value, on_epoch=True, sync_dist=True, batch_size=bsz)
-        decoded = self._decode(heads, images, targets)
         bad = torch.stack([~torch.isfinite(items).all(), ~torch.isfinite(decoded).all()])  # on the device: no sync
         self._val_bad = bad if self._val_bad is None else self._val_bad | bad
-        dets = to_original(self._nms(decoded), (h, w), shapes)
+        dets = to_original(dets, (h, w), shapes)
         self.map_metric.update(dets, labels_to_original(targets, (h, w), bsz, shapes))  # syncs: validation only
         return dets
 
@@ -490,11 +495,3 @@ class YOLOv5Module(pl.LightningModule):
         else:  # (images, targets, paths, shapes) like the validation batches
             images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
         return to_original(self._detect(self.model(images), images), images.shape[2:], shapes)
-
-
-def _earlier_best(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The best fitness of a checkpoint written before `YOLOv5Module.best` kept it: `LastCheckpoint`'s state."""
-    for key, state in checkpoint.get("callbacks", {}).items():
-        if key.startswith("LastCheckpoint") and state.get("best_fitness") is not None:
-            return {"fitness": state["best_fitness"], "epoch": state.get("best_epoch")}
-    return {}
