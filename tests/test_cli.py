@@ -194,7 +194,7 @@ MISTAKES = [
     ("train", ["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
     ("train", ["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),
     ("val", [], "weights= is required"),
-    ("val", ["weights={w}", "data.imgsz=100"], "data.imgsz=100 is not a positive multiple of 32"),
+    ("val", ["weights={w}", "data.imgsz=0"], "data.imgsz=0 must be a positive image size in pixels"),
     ("val", ["weights={w}", "module/metric=voc"], "unknown module/metric 'voc'"),
     ("predict", ["source=a.jpg"], "weights= is required"),
     ("predict", ["weights={w}", "source=/no/such/folder"], "source '/no/such/folder' not found"),

@@ -341,11 +341,11 @@ def test_train_check_rejects_with_one_sentence(tmp_path, overrides, needle):
     [
         ("val", [], "weights= is required"),
         ("val", ["weights=/nonexistent/w.pt"], "file not found"),
-        ("val", ["weights={w}", "data.imgsz=100"], "try 96"),
+        ("val", ["weights={w}", "data.imgsz=0"], "data.imgsz=0 must be a positive image size"),
         ("val", ["weights={w}", "data.cache=gpu"], "data.cache='gpu'"),
         ("predict", ["source=a.jpg"], "weights= is required"),
         ("predict", ["weights={w}"], "source= is required"),
-        ("predict", ["weights={w}", "source=a.jpg", "imgsz=100"], "try 96"),
+        ("predict", ["weights={w}", "source=a.jpg", "imgsz=-32"], "imgsz=-32 must be a positive image size"),
         ("predict", ["weights={w}", "source=a.jpg", "max_det=x"], "max_det='x' must be a whole number"),
     ],
 )

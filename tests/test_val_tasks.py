@@ -313,6 +313,27 @@ def test_every_validation_prints_v7s_speed_line(setup, capsys, tmp_path):
     assert sum(ms) > 0
 
 
+def test_an_image_size_off_the_stride_is_rounded_up_with_a_warning(setup, capsys):
+    """v7.0's check_img_size: the next multiple of the model's largest stride (64 for P6), one warning line."""
+    from yolo5l.io.weights import save_weights
+    from yolo5l.models.yolo import YOLOv5
+
+    val(setup, "imgsz_70", "data.imgsz=70")
+    out = capsys.readouterr().out
+    assert "warning: data.imgsz=70 is not a multiple of 32, the model's largest stride: using data.imgsz=96" in out
+    assert _speed(out)[1] == "4, 3, 96, 96"
+    torch.manual_seed(0)
+    p6 = setup["tmp"] / "p6_imgsz.pt"
+    save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125, cfg="p6"), p6, imgsz=128)
+    cfg = compose_config([f"weights={p6}", f"data.file={setup['with_test']}", *COMMON, "data.imgsz=96"], "val",
+                         setup["tmp"] / "imgsz_p6")  # fmt: skip
+    validate_weights(cfg)
+    out = capsys.readouterr().out
+    assert out.count("warning: data.imgsz=") == 1
+    assert "data.imgsz=96 is not a multiple of 64, the model's largest stride: using data.imgsz=128" in out
+    assert _speed(out)[1] == "4, 3, 128, 128"
+
+
 # ultralytics/yolov5 v7.0 val.py::parse_opt and detect.py::parse_opt: every argument, aliases included
 V7_VAL_FLAGS = (
     "data", "weights", "batch-size", "imgsz", "img", "img-size", "conf-thres", "iou-thres", "max-det", "task", "device",

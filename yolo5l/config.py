@@ -205,8 +205,12 @@ def _round(x: int) -> int:
     return max(STRIDE, round(x / STRIDE) * STRIDE)
 
 
-def _check_imgsz(imgsz: int, key: str) -> None:
-    if imgsz <= 0 or imgsz % STRIDE:
+def _check_imgsz(imgsz: int, key: str, any_size: bool = False) -> None:
+    """Refuse a size that is not positive, or (unless `any_size`: val and predict round it up to the model's stride,
+    `yolo5l.io.model_source.fit_to_stride`) not a multiple of 32."""
+    if imgsz <= 0 and any_size:
+        raise UserError(f"{key}={imgsz} must be a positive image size in pixels, e.g. {key}=640")
+    if imgsz <= 0 or (imgsz % STRIDE and not any_size):
         raise UserError(
             f"{key}={imgsz} is not a positive multiple of {STRIDE} (the largest stride): try {_round(imgsz)}"
         )
@@ -226,13 +230,13 @@ def _check_weights(value: Any) -> None:
         _check_file(value, "weights", "pass a yolo5l weights.pt / last.ckpt, an ultralytics yolov5*.pt or a URL")
 
 
-def _check_data(data: DictConfig) -> None:
+def _check_data(data: DictConfig, any_size: bool = False) -> None:
     from yolo5l.data.dataset_yaml import preset_name
 
     if preset_name(data.get("file")) is None:  # a preset's data.yaml (data=coco128) is written on first load
         _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
     if data.get("imgsz") is not None:  # null (val): the size the weights were trained at
-        _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
+        _check_imgsz(_int(data, "data.imgsz"), "data.imgsz", any_size)
     _int(data, "data.num_workers", minimum=0, allow=("auto",))
     if data.get("val_batch_size") is not None:
         _int(data, "data.val_batch_size", minimum=1)
@@ -320,7 +324,7 @@ def check_val_config(cfg: DictConfig) -> None:
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
     _check_weights(cfg.weights)
     _check_trainer(cfg.trainer)
-    _check_data(cfg.data)
+    _check_data(cfg.data, any_size=True)  # rounded up to the model's stride once it is loaded
     _check_module(cfg.module)
 
 
@@ -334,7 +338,7 @@ def check_predict_config(cfg: DictConfig) -> None:
     _missing(cfg, "source", "pass source=<an image, a folder or a list [a.jpg,b.jpg]>")
     _check_weights(cfg.weights)
     if cfg.get("imgsz") is not None:
-        _check_imgsz(_int(cfg, "imgsz"), "imgsz")
+        _check_imgsz(_int(cfg, "imgsz"), "imgsz", any_size=True)  # rounded up to the model's stride once loaded
     _int(cfg, "max_det", minimum=1)
 
 

@@ -55,7 +55,7 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
     """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
     network itself (None for an exported file)."""
     from yolo5l.deploy.exported import is_exported, load_exported
-    from yolo5l.io.model_source import check_stride
+    from yolo5l.io.model_source import fit_to_stride
     from yolo5l.io.weights import load_weights, resolve_weights
 
     net: nn.Module | None = None
@@ -63,13 +63,14 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
         if cfg.augment or cfg.visualize:
             raise UserError(f"{'augment' if cfg.augment else 'visualize'}=true needs .pt weights: {cfg.weights} runs "
                             "its own exported graph")  # fmt: skip
-        detector, names, file_imgsz, _ = load_exported(str(cfg.weights), device)
+        detector, names, file_imgsz, stride = load_exported(str(cfg.weights), device)
     else:
         try:
             model, loaded = load_weights(resolve_weights(str(cfg.weights)))
         except ValueError as e:
             raise UserError(str(e).splitlines()[0]) from None
         names, file_imgsz = loaded.names or [str(i) for i in range(model.num_classes)], loaded.imgsz
+        stride = int(model.stride.max())
         net = model.fuse().eval().requires_grad_(False).to(device)
         if _half(cfg, device):
             net = net.half()
@@ -83,9 +84,7 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
                 return net.decode(net(images))
 
     imgsz = int(cfg.imgsz) if cfg.get("imgsz") is not None else int(file_imgsz or _DEFAULT_IMGSZ)
-    if net is not None:
-        check_stride(net, imgsz, "imgsz")
-    return detector, [str(n) for n in (cfg.names or names)], imgsz, net
+    return detector, [str(n) for n in (cfg.names or names)], fit_to_stride(imgsz, stride, "imgsz"), net
 
 
 def _half(cfg: DictConfig, device: torch.device) -> bool:

@@ -4,7 +4,9 @@ Prints the mAP table (precision, recall, mAP@0.5, mAP@0.5:0.95) and writes it as
 then the per-class table (`per_class.csv`), v7.0's `Speed:` line (per-image pre-process, inference and NMS times,
 `yolo5l.eval.stage_times`) and, unless `plots=false`, ultralytics' validation plots
 (`yolo5l.callbacks.val_plots.ValidationPlots`; an exported file gets all but the drawn batches).
-The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...).
+The data and module come from the same configs as training (`module.conf_thres`, `module/metric=coco`, ...). It runs
+in float32 unless `half=true`, as v7.0's val.py (`trainer.precision` in conf/val.yaml); an image size that is not a
+multiple of the model's largest stride is rounded up to one, with a warning, as v7.0.
 
 `task=val|test|train` validates on that split of the data yaml; `task=speed` and `task=study` time the model
 (`yolo5l.val_tasks`). `augment=true` adds test-time augmentation (`yolo5l.infer.tta`); `save_txt`, `save_conf`,
@@ -83,8 +85,7 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
         model, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
-    if cfg.data.get("imgsz") is None:
-        _set_imgsz(cfg, loaded.imgsz)
+    _set_imgsz(cfg, loaded.imgsz, int(model.stride.max()))
     data_from_weights(cfg, loaded.data)  # without data= on the command line: the weights' own dataset
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # rectangular batches: multiples of it
@@ -148,12 +149,17 @@ def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
     )
 
 
-def _set_imgsz(cfg: DictConfig, imgsz: int | None) -> None:
-    """`data.imgsz=null`: validate at the size the weights were trained at, or YOLOv5's 640 when they do not say."""
+def _set_imgsz(cfg: DictConfig, imgsz: int | None, stride: int) -> None:
+    """`data.imgsz=null`: validate at the size the weights were trained at, or YOLOv5's 640 when they do not say; a
+    size typed that is not a multiple of the model's largest `stride` is rounded up to one, with a warning (v7.0)."""
+    from yolo5l.io.model_source import fit_to_stride
+
+    typed = cfg.data.get("imgsz")
     with open_dict(cfg):
-        cfg.data.imgsz = int(imgsz or _DEFAULT_IMGSZ)
-    why = "the weights' training size" if imgsz else "the weights do not record one"
-    info(f"data.imgsz: {cfg.data.imgsz} ({why})")
+        cfg.data.imgsz = fit_to_stride(int(typed if typed is not None else imgsz or _DEFAULT_IMGSZ), stride)
+    if typed is None:
+        why = "the weights' training size" if imgsz else "the weights do not record one"
+        info(f"data.imgsz: {cfg.data.imgsz} ({why})")
 
 
 def _validate_exported(cfg: DictConfig) -> dict[str, float]:
@@ -168,9 +174,8 @@ def _validate_exported(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.val_tasks import validate_exported
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
-    model, names, file_imgsz, _ = load_exported(str(cfg.weights), device)
-    if cfg.data.get("imgsz") is None:
-        _set_imgsz(cfg, file_imgsz)
+    model, names, file_imgsz, stride = load_exported(str(cfg.weights), device)
+    _set_imgsz(cfg, file_imgsz, stride)
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     saved = _saved_outputs(cfg, datamodule)
     if datamodule.single_cls:

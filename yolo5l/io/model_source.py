@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.base.errors import UserError
 
-__all__ = ["build_model", "check_stride", "command_line_overrides"]
+__all__ = ["build_model", "check_stride", "command_line_overrides", "fit_to_stride"]
 
 _ARCH_KEYS = ("depth", "width", "cfg")
 
@@ -86,6 +86,22 @@ def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
             f"{key}={imgsz} is not a multiple of {stride}, the largest stride of {model.describe()}: try {fits}"
         )
     return stride
+
+
+def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz") -> int:
+    """An image size rounded up to a multiple of ``stride`` (at least 32), with one warning line naming the new size
+    when it changes: what `val` and `predict` do, as v7.0's val.py and detect.py do (training refuses instead,
+    `check_stride`).
+
+    Reference: ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
+    """
+    from yolo5l.base.console import warn
+
+    stride = max(int(stride), 32)
+    fitted = -(-int(imgsz) // stride) * stride
+    if fitted != int(imgsz):
+        warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
+    return fitted
 
 
 def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | None = None) -> tuple[Any, Any]:
