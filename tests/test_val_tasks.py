@@ -313,6 +313,26 @@ def test_every_validation_prints_v7s_speed_line(setup, capsys, tmp_path):
     assert sum(ms) > 0
 
 
+@pytest.mark.parametrize("cache", ["ram", "disk"])
+def test_standalone_val_caches_the_split_it_validates(setup, capsys, cache):
+    """`data.cache=ram|disk` (v7.0's train.py `--cache`, which caches the val images too) works for a validation alone:
+    the split's images are cached and the metrics are those without a cache; a second run reads the disk cache."""
+    plain, _ = val(setup, f"no_cache_{cache}")
+    capsys.readouterr()
+    cached, _ = val(setup, f"cache_{cache}", f"data.cache={cache}")
+    out = capsys.readouterr().out
+    ram, disk = r"cached 4 images \(.*\) in RAM", r"disk cache .*: 4 images \(.*\), 4 written, 0 reused"
+    line = ram if cache == "ram" else disk
+    assert re.search(rf"^val: 4 images, .*; {line}$", out, re.M), out
+    assert cached == pytest.approx(plain, abs=1e-6)
+    if cache == "disk":
+        assert len(list(setup["root"].glob("images/val.npycache/*/*.npy"))) == 4
+        again, _ = val(setup, "cache_disk_again", "data.cache=disk")
+        assert re.search(r"^val: 4 images, .*; disk cache .*: 4 images \(.*\), 0 written, 4 reused$",
+                         capsys.readouterr().out, re.M)  # fmt: skip
+        assert again == pytest.approx(plain, abs=1e-6)
+
+
 def test_an_image_size_off_the_stride_is_rounded_up_with_a_warning(setup, capsys):
     """v7.0's check_img_size: the next multiple of the model's largest stride (64 for P6), one warning line."""
     from yolo5l.io.weights import save_weights
