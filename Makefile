@@ -5,13 +5,16 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
+# setuptools warns at every editable install of a package mapped from another folder (kernels/ -> yolo5l_kernels)
+# that a folder of the package's name may shadow it; the install is right, so the warning is left out of the log.
+QUIET_BUILD := PYTHONWARNINGS=ignore::UserWarning
 
 .PHONY: venv refvenv train test test-ci test-all lint bench clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
 # The tflite stack (litert-torch, litert-converter, ai-edge-quantizer) goes in last, with --no-deps, so that pip neither
@@ -24,7 +27,7 @@ TFLITE := "litert-torch==0.10.*" "litert-converter==0.5.*" "ai-edge-quantizer==0
 TFLITE_NEEDS := "ai-edge-litert==2.3.*" "torchao>=0.17" jax immutabledict absl-py rich
 
 $(BIN)/.installed-extras: $(BIN)/.installed
-	$(BIN)/python -m pip install -q -e ".[dev,export,mlflow,comet,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
+	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e ".[dev,export,mlflow,comet,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
 	$(BIN)/python -m pip install -q --no-deps $(TFLITE)
 	touch $@
 
