@@ -57,7 +57,7 @@ TYPOS = [
 
 VALID = [
     ("train", ["experiment=smoke", "data.imgsz=64", "trainer.max_epochs=1", "callbacks.val_interval.n=2"]),
-    ("train", ["+trainer.profiler=simple", "~callbacks.batch_plotter", "+logger.tensorboard.log_graph=false"]),
+    ("train", ["+trainer.profiler=simple", "~callbacks.batch_plotter", "+logger.tensorboard.filename_suffix=.x"]),
     ("train", ["logger=mlflow", "+logger.mlflow.tags.team=vision", "+callbacks.mine={_target_: a.B}"]),
     ("train", ["+callbacks.mine._target_=yolo5l.callbacks.val_interval.ValEveryNEpochs", "+callbacks.mine.n=2"]),
     ("train", ["-m", "model=yolov5n,yolov5s", "data.batch_size=8,16", "hydra.sweep.dir=runs/s"]),
