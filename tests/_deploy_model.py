@@ -43,3 +43,21 @@ def train(out: Path = WEIGHTS) -> Path:
 
 if __name__ == "__main__":
     print(train())
+
+
+def untrained_weights(path: Path, names: list[str]) -> Path:
+    """An untrained yolov5n for `names`, seeded, with BatchNorm statistics that make fusing change the weights, saved
+    as a yolo5l weights file at `path` (the export tests' model)."""
+    import torch
+    from torch import nn
+
+    from yolo5l.io.weights import save_weights
+    from yolo5l.models.yolo import YOLOv5
+
+    torch.manual_seed(0)
+    model = YOLOv5.from_name("yolov5n", num_classes=len(names))
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+    return save_weights(model, path, names=names, half=False)

@@ -22,6 +22,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import onnx
+from _deploy_model import untrained_weights
 
 from yolo5l import _cli
 from yolo5l.base.errors import UserError
@@ -47,13 +48,7 @@ def tmp(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def weights(tmp) -> Path:
     """An untrained yolov5n for the synthetic classes, with BatchNorm statistics that make fusing change weights."""
-    torch.manual_seed(0)
-    model = YOLOv5.from_name("yolov5n", num_classes=len(NAMES))
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-    return save_weights(model, tmp / "w.pt", names=NAMES, half=False)
+    return untrained_weights(tmp / "w.pt", NAMES)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ pytest.importorskip("onnxruntime")
 
 import onnx
 import onnxruntime as ort
+from _deploy_model import untrained_weights
 
 from yolo5l import _cli
 from yolo5l.base.errors import UserError
@@ -36,7 +37,7 @@ from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import NOT_WRITTEN, output_path, parse_formats
 from yolo5l.deploy.onnx_nms import EndToEnd
 from yolo5l.export import DecodedYOLOv5, export_formats, export_model, prepare_for_export
-from yolo5l.io.weights import load_weights, save_weights
+from yolo5l.io.weights import load_weights
 from yolo5l.models.yolo import YOLOv5
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]
@@ -52,13 +53,7 @@ def tmp(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def weights(tmp) -> Path:
     """An untrained yolov5n for four classes, with BatchNorm statistics that make fusing change weights."""
-    torch.manual_seed(0)
-    model = YOLOv5.from_name("yolov5n", num_classes=len(NAMES))
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-    return save_weights(model, tmp / "w.pt", names=NAMES, half=False)
+    return untrained_weights(tmp / "w.pt", NAMES)
 
 
 def _main(argv: list[str], monkeypatch) -> int:
