@@ -50,7 +50,7 @@ def validate_once(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     from yolo5l.base.hardware import resolve_precision
     from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.io.weights import load_pretrained
+    from yolo5l.models.weights import load_pretrained
     from yolo5l.models.yolo import YOLOv5
 
     hyp = yaml.safe_load((REPO / "conf/hyp/scratch-low.yaml").read_text())

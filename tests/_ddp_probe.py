@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 
 from yolo5l.callbacks import checkpoint as checkpoint_mod
 from yolo5l.callbacks.ema import EMACallback
-from yolo5l.io import weights as weights_mod
+from yolo5l.models import weights as weights_mod
 
 __all__ = ["Probe"]
 
@@ -41,7 +41,7 @@ class Probe(Callback):
             "val_paths": [],  # per validation: image paths evaluated on this rank
             "val_metrics": [],  # per validation: trainer.callback_metrics val/* after the epoch's log
             "sync": [],  # per training micro-batch: (DDP all-reduces this backward, module steps the optimizer)
-            "ckpt_writes": [],  # file names this rank wrote through yolo5l.io.weights.atomic_save
+            "ckpt_writes": [],  # file names this rank wrote through yolo5l.models.weights.atomic_save
         }
         self._patched = False
 
@@ -53,7 +53,7 @@ class Probe(Callback):
             return
         self._patched = True
         # Every checkpoint file (last.ckpt through the strategy's AtomicCheckpointIO, weights.pt through
-        # save_weights) is written by yolo5l.io.weights.atomic_save: record the calls made in this process.
+        # save_weights) is written by yolo5l.models.weights.atomic_save: record the calls made in this process.
         original = weights_mod.atomic_save
         writes = self.rec["ckpt_writes"]
 

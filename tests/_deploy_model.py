@@ -51,7 +51,7 @@ def untrained_weights(path: Path, names: list[str]) -> Path:
     import torch
     from torch import nn
 
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     torch.manual_seed(0)

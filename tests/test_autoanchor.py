@@ -187,7 +187,7 @@ def test_new_anchors_reach_the_loss_and_every_file_and_resume_keeps_them(
 ):
     from yolo5l.callbacks import EMACallback, LastCheckpoint
     from yolo5l.callbacks.checkpoint import RunConfig
-    from yolo5l.io.weights import load_weights
+    from yolo5l.models.weights import load_weights
 
     ck = tmp_path / "ck"
     module = tiny_module()

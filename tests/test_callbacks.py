@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from yolo5l.callbacks import AtomicCheckpointIO, EMACallback, LastCheckpoint, ThroughputMonitor, ValEveryNEpochs
 from yolo5l.eval.metrics import DetectionMAP
-from yolo5l.io.weights import load_checkpoint
+from yolo5l.models.weights import load_checkpoint
 
 
 class _Net(pl.LightningModule):

@@ -115,7 +115,7 @@ def test_threads_for_rounds_the_free_cores_within_one_and_the_ceiling():
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """Tiny yolov5 weights (width 0.125, 64 px) for the 4 synthetic classes and a 2-image synthetic data yaml."""
     from yolo5l.data.synthetic import ensure_synthetic
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     tmp = tmp_path_factory.mktemp("threads")
@@ -154,7 +154,7 @@ VAL = ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.precision=32", 
 
 @pytest.mark.parametrize("task", ["speed", "val"])
 def test_val_beside_a_busy_process_runs_at_fewer_threads(free_cores, tiny, tmp_path, monkeypatch, capsys, task):
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     free_cores.free = 0.9
     seen = _nms_threads(monkeypatch)
@@ -168,7 +168,7 @@ def test_val_beside_a_busy_process_runs_at_fewer_threads(free_cores, tiny, tmp_p
 
 
 def test_val_on_a_quiet_machine_keeps_every_owned_core(free_cores, tiny, tmp_path, monkeypatch, capsys):
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     seen = _nms_threads(monkeypatch)
     cfg = compose_config([f"weights={tiny['weights']}", f"data.file={tiny['data']}", "task=speed", *VAL], "val",

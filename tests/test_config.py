@@ -15,7 +15,6 @@ from omegaconf import OmegaConf
 
 from yolo5l.base import hardware
 from yolo5l.base.errors import UserError
-from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
 from yolo5l.config import (
     CONFIG_MODULE,
     check_group_choices,
@@ -24,9 +23,9 @@ from yolo5l.config import (
     check_val_config,
     compose_config,
     config_choices,
-    merge_resume_config,
 )
 from yolo5l.models.yolo import freeze_layers
+from yolo5l.resume import find_resume_checkpoint, merge_resume_config, read_resume_state
 from yolo5l.tracking.loggers import CORE_COLUMNS, EpochCSVLogger, read_metrics_csv
 
 
@@ -314,7 +313,7 @@ def test_num_devices_uses_lightnings_parser():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["data.imgsz=100"], "multiple of 32 .*try 96"),
+        (["data.imgsz=100"], "multiple of 32, .*: try 96 or 128"),
         (["data.imgsz=abc"], "data.imgsz='abc' must be a whole number"),
         (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
         (["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),

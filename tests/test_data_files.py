@@ -11,10 +11,11 @@ import pytest
 from PIL import Image
 
 import yolo5l.data.label_scan as scan_mod
+from yolo5l.base.files import user_cache_dir
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.images import ImageReadError, read_image
 from yolo5l.data.label_scan import scan_labels
-from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path, user_cache_dir
+from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path
 
 RNG = np.random.default_rng(0)
 

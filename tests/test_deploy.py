@@ -58,7 +58,7 @@ def _export(weights: Path, out: Path, *overrides: str) -> Path:
 
 
 def _val(path: Path, dataset: Path, out: Path) -> dict[str, float]:
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     overrides = [f"weights={path}", *data_overrides(dataset), "data.num_workers=0", "data.cache=none",
                  "data.val_batch_size=8", "trainer=cpu", "trainer.precision=32", "plots=false"]  # fmt: skip
@@ -275,7 +275,7 @@ def test_engine_builds_and_scores_on_a_gpu(weights, dataset, tmp, pt_map, precis
 
 # ---- TorchScript optimize=true, names, options --------------------------------------------------------------------
 def test_torchscript_optimize(weights, tmp):
-    from yolo5l.export import xnnpack_enabled
+    from yolo5l.exporter import xnnpack_enabled
 
     if not xnnpack_enabled():
         with pytest.raises(UserError, match=r"optimize=true needs a PyTorch built with XNNPACK"):

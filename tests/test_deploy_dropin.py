@@ -101,7 +101,7 @@ def _reference_python() -> str | None:
 
 
 def _val(path: Path, dataset: Path, out: Path) -> dict[str, float]:
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     overrides = [f"weights={path}", *data_overrides(dataset), "data.num_workers=0", "data.cache=none",
                  "data.val_batch_size=8", "trainer=cpu", "trainer.precision=32", "plots=false"]  # fmt: skip

@@ -249,7 +249,7 @@ def test_resume_with_a_lower_lr0_rescales_the_restored_schedule(tmp_path, tiny_m
 
 def test_weights_file_never_stores_inf_for_values_beyond_half(tmp_path, tiny_module):
     """The issue's leftover file: a BatchNorm variance of 1e6 is finite in float32 but inf in half precision."""
-    from yolo5l.io.weights import load_weights, save_weights
+    from yolo5l.models.weights import load_weights, save_weights
 
     model = tiny_module().model
     model.model[0].bn.running_var.fill_(1e6)
@@ -284,7 +284,7 @@ def test_checkpoint_with_non_finite_optimizer_state_is_not_written(tmp_path):
 
 def test_export_refuses_weights_with_nan(tmp_path, tiny_module):
     from yolo5l.base.errors import UserError
-    from yolo5l.export import export_model
+    from yolo5l.exporter import export_model
 
     model = tiny_module().model
     with torch.no_grad():

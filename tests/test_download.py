@@ -400,7 +400,7 @@ def test_release_weights_name_downloads_once_into_the_cache(server, tmp_path, mo
     import torch
 
     from yolo5l.config import check_predict_config, compose_config
-    from yolo5l.io.weights import load_weights, resolve_weights, save_weights
+    from yolo5l.models.weights import load_weights, resolve_weights, save_weights
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.predict import predict
 

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from yolo5l.callbacks.throughput import _advice
 from yolo5l.config import compose_config
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.io.weights import save_weights
+from yolo5l.models.weights import save_weights
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.run_info import training_rows
 from yolo5l.train import build
@@ -166,7 +166,7 @@ def test_a_resume_takes_the_settled_values_of_the_requests_typed_again(tmp_path)
     """`data.batch_size=-1` and `trainer.precision=auto` typed again take what the run settled; another value is
     refused; a precision `auto` picked is picked again on another accelerator."""
     from yolo5l.base.errors import UserError
-    from yolo5l.config import merge_resume_config
+    from yolo5l.resume import merge_resume_config
 
     saved = OmegaConf.to_container(compose_config(["experiment=smoke"], output_dir=tmp_path))
     saved["data"]["batch_size"], saved["trainer"]["precision"] = 24, "16-mixed"

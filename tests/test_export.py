@@ -30,8 +30,9 @@ from yolo5l.config import compose_config
 from yolo5l.data.letterbox import letterbox
 from yolo5l.data.synthetic import ensure_synthetic
 from yolo5l.deploy.exported import EXTRA_HINT, ExportedModel, load_exported
-from yolo5l.export import DecodedYOLOv5, export_model, export_weights, prepare_for_export
-from yolo5l.io.weights import load_weights, save_weights
+from yolo5l.export import export_weights
+from yolo5l.exporter import DecodedYOLOv5, export_model, prepare_for_export
+from yolo5l.models.weights import load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]  # the synthetic dataset's classes
@@ -301,7 +302,7 @@ def _val_overrides(weights: Path, root: Path) -> list[str]:
 
 
 def test_val_on_exported_files_gives_the_pt_metrics(weights, exported, dataset, tmp):
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     keys = ("val/map", "val/map_50", "val/precision", "val/recall")
     results = {}

@@ -36,8 +36,9 @@ from yolo5l.config import compose_config
 from yolo5l.deploy.exported import load_exported
 from yolo5l.deploy.formats import NOT_WRITTEN, output_path, parse_formats
 from yolo5l.deploy.onnx_nms import EndToEnd
-from yolo5l.export import DecodedYOLOv5, export_formats, export_model, prepare_for_export
-from yolo5l.io.weights import load_weights
+from yolo5l.export import export_formats
+from yolo5l.exporter import DecodedYOLOv5, export_model, prepare_for_export
+from yolo5l.models.weights import load_weights
 from yolo5l.models.yolo import YOLOv5
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]
@@ -311,7 +312,7 @@ ROWS = [
 
 def _run_both(net: EndToEnd, tmp: Path, name: str) -> list[tuple[int, float, list[float]]]:
     """The detections of `net` eagerly and as ONNX (onnxruntime), which must agree: (class, score, box) by score."""
-    from yolo5l.export import _export_onnx
+    from yolo5l.exporter import _export_onnx
 
     example = torch.rand(1, 3, 32, 32)
     path = tmp / f"{name}.onnx"

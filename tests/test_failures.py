@@ -13,8 +13,9 @@ import torch
 
 from yolo5l.base.errors import UserError
 from yolo5l.callbacks import EMACallback, LastCheckpoint, ValEveryNEpochs
-from yolo5l.callbacks.checkpoint import AtomicCheckpointIO, read_resume_state
-from yolo5l.io.weights import load_weights
+from yolo5l.callbacks.checkpoint import AtomicCheckpointIO
+from yolo5l.models.weights import load_weights
+from yolo5l.resume import read_resume_state
 from yolo5l.training.module import TrainingDiverged
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}

@@ -2,8 +2,10 @@
 and no file longer than a reader can hold (500 lines).
 
 Every `import` and `from ... import` of yolo5l and yolo5l_kernels counts, at module level and inside functions
-(`TYPE_CHECKING` blocks too: a reader follows them the same way). A module may import from its own floor and the
-floors below; no import may point up, and no modules may import each other round a circle.
+(`TYPE_CHECKING` blocks too: a reader follows them the same way). Each folder (room) stands on one floor, so a file's
+folder says what it may import: its own room and the rooms of lower floors; no import points up or sideways (to
+another room on the same floor), no modules import each other round a circle, no module imports a command, and
+there are at most 8 floors.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ PACKAGES = {"yolo5l": ROOT / "yolo5l", "yolo5l_kernels": ROOT / "kernels"}
 DESIGN = ROOT / "docs" / "design.md"
 ROOT_ONLY = frozenset({"yolo5l"})
 MAX_LINES = 500
+MAIN = re.compile(r"^if __name__ == .__main__.:", re.M)  # what `python -m <module>` runs
 
 
 def read_floors(text: str, roots: tuple[str, ...] = tuple(PACKAGES)) -> list[tuple[str, list[str]]]:
-    """The `## Floors` section's list, top floor first: [(floor name, [the modules and packages it names])]: the
-    names in backticks that start with one of `roots`."""
+    """The `## Floors` section's list, top floor first: [(floor name, [the rooms it names])]: the names in backticks
+    that start with one of `roots` (the rest of an entry's words describe the room)."""
     section = re.search(r"^## Floors\n(.*?)(?=^## |\Z)", text, re.S | re.M)
     assert section, "docs/design.md has no '## Floors' section"
     floors = []
@@ -48,6 +51,15 @@ def find_modules(packages: Mapping[str, Path]) -> dict[str, Path]:
                 parts = parts[:-1]
             modules[".".join((top, *parts))] = path
     return modules
+
+
+def room_of(module: str, modules: Mapping[str, Path]) -> str:
+    """The room (folder) a module lives in: the package whose folder holds its file (`yolo5l.data.cache` ->
+    `yolo5l.data`; `yolo5l.train` and `yolo5l` itself -> `yolo5l`)."""
+    path = modules[module]
+    if path.name == "__init__.py":
+        return module
+    return module.rpartition(".")[0] or module
 
 
 def imports_of(name: str, path: Path, modules: Mapping[str, Path]) -> Iterator[tuple[str, int]]:
@@ -83,32 +95,36 @@ def import_graph(packages: Mapping[str, Path]) -> dict[str, dict[str, int]]:
     return graph
 
 
-def covers(name: str, module: str) -> bool:
-    """Whether a listed name stands for `module`: itself, or a package's module (the root package `yolo5l` stands
-    for its `__init__` only, so that a module left off the list is found)."""
-    return module == name or (name not in ROOT_ONLY and module.startswith(name + "."))
+def floor_numbers(floors: list[tuple[str, list[str]]]) -> dict[str, int]:
+    """room -> floor number (0 is the bottom)."""
+    return {room: number for number, (_, rooms) in enumerate(reversed(floors)) for room in rooms}
 
 
-def floor_of(module: str, floors: list[tuple[str, list[str]]]) -> int | None:
-    """The floor number of `module` (0 is the bottom) by its longest listed name; None when none is listed."""
-    best, best_len = None, -1
-    for number, (_, prefixes) in enumerate(reversed(floors)):
-        for prefix in prefixes:
-            if covers(prefix, module) and len(prefix) > best_len:
-                best, best_len = number, len(prefix)
-    return best
-
-
-def upward_imports(graph: Mapping[str, Mapping[str, int]], floors: list[tuple[str, list[str]]]) -> list[str]:
-    names = [name for name, _ in reversed(floors)]
+def misplaced_imports(
+    graph: Mapping[str, Mapping[str, int]], rooms: Mapping[str, str], floors: list[tuple[str, list[str]]]
+) -> list[str]:
+    """Each import that points up a floor, or sideways into another room of the same floor."""
+    number, names = floor_numbers(floors), [name for name, _ in reversed(floors)]
     found = []
     for module, edges in sorted(graph.items()):
-        here = floor_of(module, floors)
+        here = rooms[module]
         for target, line in sorted(edges.items()):
-            there = floor_of(target, floors)
-            if here is not None and there is not None and there > here:
-                found.append(f"{module}:{line} ({names[here]}) imports {target} ({names[there]})")
+            there = rooms[target]
+            if here == there or here not in number or there not in number:
+                continue
+            if number[there] > number[here]:
+                found.append(f"{module}:{line} ({names[number[here]]}) imports {target} ({names[number[there]]}): up")
+            elif number[there] == number[here]:
+                found.append(f"{module}:{line} imports {target}: sideways, another room of {names[number[here]]}")
     return found
+
+
+def commands(modules: Mapping[str, Path]) -> set[str]:
+    """The package's commands: its own modules that run as `python -m yolo5l.<command>`."""
+    return {
+        name for name, path in modules.items()
+        if name.count(".") == 1 and name.startswith("yolo5l.") and MAIN.search(path.read_text())
+    }  # fmt: skip
 
 
 def circles(graph: Mapping[str, Mapping[str, int]]) -> list[list[str]]:
@@ -152,24 +168,57 @@ def floors():
 
 
 @pytest.fixture(scope="module")
+def modules():
+    return find_modules(PACKAGES)
+
+
+@pytest.fixture(scope="module")
 def graph():
     return import_graph(PACKAGES)
 
 
-def test_every_module_has_a_floor(graph, floors):
-    missing = sorted(m for m in graph if floor_of(m, floors) is None)
-    assert not missing, f"modules on no floor of docs/design.md's '## Floors': {missing}"
+@pytest.fixture(scope="module")
+def rooms(modules):
+    return {name: room_of(name, modules) for name in modules}
 
 
-def test_every_listed_name_is_a_module(graph, floors):
-    listed = [p for _, prefixes in floors for p in prefixes]
-    stale = [p for p in listed if not any(covers(p, m) for m in graph)]
-    assert not stale, f"docs/design.md's '## Floors' names what is not in the package: {stale}"
+def test_every_room_is_on_one_floor(rooms, floors):
+    listed = [room for _, names in floors for room in names]
+    missing = sorted(set(rooms.values()) - set(listed))
+    assert not missing, f"rooms on no floor of docs/design.md's '## Floors': {missing}"
+    twice = sorted({room for room in listed if listed.count(room) > 1})
+    assert not twice, f"rooms on more than one floor: {twice}"
+    stale = sorted(set(listed) - set(rooms.values()))
+    assert not stale, f"docs/design.md's '## Floors' names what is not a folder of the package: {stale}"
 
 
-def test_no_import_points_up(graph, floors):
-    found = upward_imports(graph, floors)
-    assert not found, "imports from a lower floor to a higher one:\n" + "\n".join(found)
+def test_at_most_eight_floors(floors):
+    assert 2 <= len(floors) <= 8, [name for name, _ in floors]
+
+
+def test_no_import_points_up_or_sideways(graph, rooms, floors):
+    found = misplaced_imports(graph, rooms, floors)
+    assert not found, "imports that point up or sideways:\n" + "\n".join(found)
+
+
+def test_no_module_imports_a_command(graph, modules):
+    names = commands(modules)
+    assert {"yolo5l.train", "yolo5l.val", "yolo5l.benchmark"} <= names
+    found = sorted(f"{m}:{line} imports {t}" for m, edges in graph.items() for t, line in edges.items() if t in names)
+    assert not found, "commands share code through the orchestration modules and lower floors:\n" + "\n".join(found)
+
+
+def test_the_checks_find_what_they_look_for():
+    """The checks on a made-up package: an import up, one sideways, one within a room, one down, and a circle."""
+    floors = [("top", ["p"]), ("middle", ["p.a", "p.b"]), ("bottom", ["p.c"])]
+    rooms = {"p.run": "p", "p.a.x": "p.a", "p.a.y": "p.a", "p.b.z": "p.b", "p.c.w": "p.c"}
+    graph = {"p.run": {"p.a.x": 1}, "p.a.x": {"p.a.y": 2, "p.b.z": 3}, "p.a.y": {"p.c.w": 4}, "p.b.z": {},
+             "p.c.w": {"p.run": 5}}  # fmt: skip
+    found = misplaced_imports(graph, rooms, floors)
+    assert len(found) == 2, found
+    assert found[0].startswith("p.a.x:3 imports p.b.z: sideways")
+    assert found[1].startswith("p.c.w:5 (bottom) imports p.run (top): up")
+    assert circles(graph) == [["p.a.x", "p.a.y", "p.c.w", "p.run"]]
 
 
 def test_no_import_circle(graph):
@@ -217,8 +266,9 @@ def test_the_walk_reads_imports_as_a_reader_does(tmp_path):
     assert graph["pkg.sub.high"] == {"pkg.mid": 1}
     assert graph["pkg.mid"] == {"pkg.low": 3}
     assert circles(graph) == [["pkg.low", "pkg.mid", "pkg.sub.high"]]
-    floors = read_floors(
-        "## Floors\n- **top**: `pkg.sub`, `other`,\n  `pkg`\n- **bottom**: `pkg.low`, `pkg.mid`\n", ("pkg",)
-    )
-    assert floors == [("top", ["pkg.sub", "pkg"]), ("bottom", ["pkg.low", "pkg.mid"])]
-    assert upward_imports(graph, floors) == ["pkg.low:2 (bottom) imports pkg.sub.high (top)"]
+    floors = read_floors("## Floors\n- **top**: `pkg.sub`, `other`,\n  and more\n- **bottom**: `pkg`\n", ("pkg",))
+    assert floors == [("top", ["pkg.sub"]), ("bottom", ["pkg"])]
+    modules = find_modules({"pkg": pkg})
+    rooms = {name: room_of(name, modules) for name in modules}
+    assert rooms == {"pkg": "pkg", "pkg.low": "pkg", "pkg.mid": "pkg", "pkg.sub": "pkg.sub", "pkg.sub.high": "pkg.sub"}
+    assert misplaced_imports(graph, rooms, floors) == ["pkg.low:2 (bottom) imports pkg.sub.high (top): up"]

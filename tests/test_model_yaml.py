@@ -26,9 +26,9 @@ from torch import nn
 from yolo5l.base.errors import UserError
 from yolo5l.callbacks.ema import EMACallback
 from yolo5l.config import compose_config
-from yolo5l.io.model_source import build_model
-from yolo5l.io.weights import load_checkpoint, load_weights, save_weights
 from yolo5l.models.common import Conv
+from yolo5l.models.model_source import build_model
+from yolo5l.models.weights import load_checkpoint, load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5, freeze_layers
 from yolo5l.training.loss import YOLOv5Loss, loss_args
 
@@ -226,7 +226,7 @@ def test_typed_model_cfg_uses_the_yamls_multiples(tmp_path):
 
 
 def test_resumed_yaml_run_matches_its_command_line_without_the_yaml(tmp_path):
-    from yolo5l.config import merge_resume_config
+    from yolo5l.resume import merge_resume_config
 
     path = _write(tmp_path, _small("yolov5-p2"), "p2.yaml")
     typed = [f"model.cfg={path}", "data.imgsz=128"]

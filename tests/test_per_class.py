@@ -291,7 +291,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 def untrained_weights(tmp_path_factory):
     """A yolov5n-width weights file for the 4 synthetic classes: validation needs weights, not a good model."""
     from yolo5l.data.synthetic import NAMES as SYNTHETIC
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     tmp = tmp_path_factory.mktemp("val_plots")

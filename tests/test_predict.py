@@ -32,7 +32,7 @@ def test_labels_stay_inside_the_image_and_lines_grow_with_it():
 
 @pytest.fixture(scope="module")
 def weights_at_128(tmp_path_factory):
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     tmp = tmp_path_factory.mktemp("predict")
@@ -73,7 +73,7 @@ def test_images_a_video_and_a_corrupt_file(tmp_path, weights_at_128):
 
 
 def test_val_runs_at_the_weights_training_size(tmp_path):
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     weights = tmp_path / "w.pt"

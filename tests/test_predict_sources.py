@@ -73,7 +73,7 @@ class _Server(http.server.BaseHTTPRequestHandler):
 def env(tmp_path_factory):
     """Tiny 2-class weights, a folder of images (one nested), a video, and an HTTP server on 127.0.0.1 serving an
     image, the video and a 12-frame MJPEG stream."""
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     tmp = tmp_path_factory.mktemp("sources")
@@ -332,7 +332,7 @@ def test_drawing_options_by_pixels():
 @torch.no_grad()
 def test_visualize_writes_each_stage_and_augment_runs(env):
     from yolo5l.data.letterbox import letterbox
-    from yolo5l.io.weights import load_weights
+    from yolo5l.models.weights import load_weights
 
     _, out = run(env, "vis", f"source={env['src']}/im3.jpg", "visualize=true")
     files = sorted((out / "visualize" / "im3").glob("stage*_features.png"))

@@ -158,7 +158,7 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
     resumed run gets SIGUSR1 during batch 2 (an accumulation micro-batch, and batch 3 ends the epoch with its
     validation): it finishes the epoch, with its metrics row and LastCheckpoint's last.ckpt, and exits 138 at the
     start of epoch 1. Resumed again, it ends bit-identical to the run never interrupted."""
-    from yolo5l.callbacks.checkpoint import read_resume_state
+    from yolo5l.resume import read_resume_state
     from yolo5l.tracking.loggers import read_metrics_csv
 
     run = tmp_path / "run"

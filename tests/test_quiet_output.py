@@ -24,7 +24,7 @@ from tqdm import tqdm
 from yolo5l.base.console import ConsoleFormatter, ConsoleHandler, clean_lines, library_line, library_output
 from yolo5l.callbacks.progress_bar import NoBar, YOLOProgressBar, with_console_progress
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.io.weights import load_weights, save_weights
+from yolo5l.models.weights import load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5
 
 NAMES = ["rectangle", "ellipse", "triangle", "cross"]  # the synthetic dataset's classes

@@ -8,7 +8,7 @@ import torch
 
 from yolo5l.callbacks import FitnessEarlyStopping, LastCheckpoint
 from yolo5l.eval.metrics import DetectionMAP
-from yolo5l.io.weights import load_weights
+from yolo5l.models.weights import load_weights
 
 
 class _ScriptedFitness(DetectionMAP):
@@ -84,7 +84,7 @@ def test_best_pt_holds_the_ema_weights_of_the_best_validation(tmp_path, tiny_mod
 
 
 def test_weights_record_the_training_image_size(tmp_path):
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     save_weights(YOLOv5.from_name("yolov5n", num_classes=3), tmp_path / "w.pt", imgsz=320)

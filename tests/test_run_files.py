@@ -1,5 +1,5 @@
 """What a training run leaves in its folder as YOLOv5 v7.0's does: results.csv in YOLOv5's columns, labels.jpg and
-labels_correlogram.jpg, train_batch0-2.jpg, and the closing validation of best.pt (`yolo5l.training.final_val`)."""
+labels_correlogram.jpg, train_batch0-2.jpg, and the closing validation of best.pt (`yolo5l.final_val`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from lightning.pytorch.callbacks import Callback
 
 from yolo5l.callbacks import BatchPlotter, EMACallback, LabelPlots, LastCheckpoint, ValidationPlots, ValidationSummary
 from yolo5l.eval.label_plots import _saturation, write_label_plots
+from yolo5l.final_val import validate_best
 from yolo5l.tracking.loggers import RESULTS_COLUMNS, EpochCSVLogger, write_results_csv
-from yolo5l.training.final_val import validate_best
 
 # ultralytics/yolov5 v7.0 utils/loggers/__init__.py: `keys`, after "epoch"
 V7_RESULTS_HEADER = [

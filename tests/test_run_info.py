@@ -14,7 +14,7 @@ from yolo5l.config import compose_config
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.layout import DatasetError
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.io.weights import load_weights, save_weights
+from yolo5l.models.weights import load_weights, save_weights
 from yolo5l.models.yolo import YOLOv5
 from yolo5l.run_info import cpu_oversubscription, data_from_weights, model_gflops, source_of, training_rows
 from yolo5l.train import build
@@ -116,7 +116,7 @@ def test_weights_record_their_dataset_and_image_size(tmp_path):
 
 
 def test_a_training_checkpoint_names_its_runs_dataset():
-    from yolo5l.io.weights import _run_data_file
+    from yolo5l.models.weights import _run_data_file
 
     assert _run_data_file({"file": "d/data.yaml"}) == os.path.abspath("d/data.yaml")
     assert _run_data_file({"file": None, "synthetic": {"root": "ds/s"}}) == os.path.abspath("ds/s/data.yaml")

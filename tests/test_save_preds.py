@@ -112,9 +112,9 @@ def test_json_scored_by_pycocotools_equals_coco_map(coco_style):
 def test_val_save_json_with_the_dataset_ids_scores_as_yolo5l(coco_style, capsys):
     """End to end: `val module/metric=coco save_json=true save_hybrid=true` on the converted dataset, annotations
     found where v7.0 looks (<root>/annotations/instances_val2017.json)."""
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     weights = coco_style["tmp"] / "w3.pt"
     save_weights(YOLOv5(num_classes=3, depth=0.33, width=0.125), weights, ["car", "dog", "kite"], imgsz=128)

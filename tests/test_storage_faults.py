@@ -26,11 +26,11 @@ from yolo5l.base.errors import UserError, shown_path
 from yolo5l.callbacks.checkpoint import (
     AtomicCheckpointIO,
     CheckpointWriteError,
-    archive_damage,
-    read_resume_state,
     stop_on_write_error,
     write_error_message,
 )
+from yolo5l.io.archive import archive_damage
+from yolo5l.resume import read_resume_state
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 

@@ -218,8 +218,8 @@ def test_mlflow_run_has_metrics_params_images_and_run_files(tmp_path, monkeypatc
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
+    from yolo5l.eval.best_fitness import run_fitness
     from yolo5l.tracking.trackers import finish_run
-    from yolo5l.training.best_fitness import run_fitness
 
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
     uri = f"file:{tmp_path / 'mlruns'}"
@@ -381,7 +381,7 @@ def _write_job(sweep: Path, job: int, lr0: float) -> str:
 
 
 def test_search_summary_ranks_by_fitness_and_best_hyp_is_the_best_trials(tmp_path):
-    from yolo5l.tracking.search import write_best_hyp
+    from yolo5l.search import write_best_hyp
 
     fitness = {0: 0.2, 1: 0.5, 2: float("nan"), 3: 0.35}  # job 2 failed before validating
     for job, fit in fitness.items():

@@ -30,9 +30,9 @@ def synthetic(tmp_path_factory) -> Path:
 
 def test_val_single_cls_takes_a_model_of_any_class_count(tmp_path, synthetic, one_thread):
     """v7.0 val.py --single-cls skips the class-count check: a 4-class model is judged as one class, "item"."""
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
-    from yolo5l.val import validate_weights
+    from yolo5l.validation import validate_weights
 
     names = ["rectangle", "ellipse", "triangle", "cross"]
     weights = save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125), tmp_path / "w.pt", names, imgsz=64)

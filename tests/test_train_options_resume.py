@@ -16,9 +16,10 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from test_preemption import SignalAt
 
-from yolo5l.callbacks.checkpoint import LastCheckpoint, read_resume_state
+from yolo5l.callbacks.checkpoint import LastCheckpoint
 from yolo5l.callbacks.preemption import Preempted, PreemptionCheckpoint
 from yolo5l.data.datamodule import YOLODataModule
+from yolo5l.resume import read_resume_state
 
 IMGSZ = 64
 

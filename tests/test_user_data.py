@@ -59,7 +59,7 @@ def test_data_file_alone_gets_yolov5s_640_px_and_no_cache(tmp_path):
 
 
 def test_a_saved_synthetic_config_still_gives_its_image_size():
-    from yolo5l.io.weights import _resolved_imgsz
+    from yolo5l.models.weights import _resolved_imgsz
 
     preset = {"file": None, "imgsz": "${if_file:${.file},640,320}", "hyp": "${hyp}"}
     assert _resolved_imgsz({"data": preset}) == 320
@@ -81,7 +81,7 @@ def test_training_from_scratch_on_ones_own_data_says_how_to_fine_tune(tmp_path, 
 
 
 def test_a_fine_tune_on_thin_boxes_refits_the_anchors_and_writes_yolov5s_files(tmp_path):
-    from yolo5l.io.weights import load_weights, save_weights
+    from yolo5l.models.weights import load_weights, save_weights
     from yolo5l.models.yolo import ANCHORS_P3_P5, YOLOv5
     from yolo5l.training.autoanchor import anchor_metrics, label_wh
 

@@ -29,8 +29,8 @@ from _deploy_model import IMGSZ, WEIGHTS
 
 from yolo5l.config import compose_config
 from yolo5l.data.synthetic import ensure_synthetic
-from yolo5l.io.weights import load_weights
-from yolo5l.val import validate_weights
+from yolo5l.models.weights import load_weights
+from yolo5l.validation import validate_weights
 
 pytestmark = pytest.mark.reference  # make refvenv; CI runs them with make test-ci
 REPO = Path(__file__).resolve().parents[1]

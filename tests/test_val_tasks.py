@@ -17,8 +17,8 @@ import yaml
 
 from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
-from yolo5l.val import validate_weights
 from yolo5l.val_tasks import check_val_options
+from yolo5l.validation import validate_weights
 
 COMMON = ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.precision=32", "plots=false",
           "data.val_batch_size=4", "data.imgsz=64", "data.cache=none"]  # fmt: skip
@@ -29,7 +29,7 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     """Tiny yolov5 weights (width 0.125) for the 4 synthetic classes, the synthetic data yaml (4 val images) and one
     with a 3-image test split (train images copied as test)."""
     from yolo5l.data.synthetic import ensure_synthetic
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     tmp = tmp_path_factory.mktemp("valtasks")
@@ -112,7 +112,7 @@ def _direct_predictions(setup, augment: bool) -> dict[str, list[str]]:
     from yolo5l.eval.save_preds import txt_lines
     from yolo5l.infer.boxes import non_max_suppression, to_original
     from yolo5l.infer.tta import augmented_decode
-    from yolo5l.io.weights import load_weights
+    from yolo5l.models.weights import load_weights
 
     model = load_weights(setup["weights"])[0].fuse().eval()
     cfg = compose_config([f"weights={setup['weights']}", f"data.file={setup['with_test']}", *COMMON], "val",
@@ -180,7 +180,7 @@ def test_study_rows_equal_val_at_each_size(setup, augment, sizes):
 
 def test_study_and_speed_of_a_p6_model_use_its_stride(setup):
     """A P6 model's rectangular batches and study sizes are multiples of 64, its largest stride."""
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     torch.manual_seed(0)
@@ -193,7 +193,10 @@ def test_study_and_speed_of_a_p6_model_use_its_stride(setup):
     assert [int(r.split(",")[0]) for r in (run / "study.csv").read_text().splitlines()[1:]] == [128]
     cfg = compose_config([f"weights={p6}", f"data.file={setup['with_test']}", *COMMON, "task=study",
                           "study_sizes=[64,96]"], "val", setup["tmp"] / "study_p6_bad")  # fmt: skip
-    with pytest.raises(UserError, match=r"study_sizes=\[64, 96\]: each must be a multiple of the model's stride 64"):
+    with pytest.raises(
+        UserError,
+        match=r"study_sizes=96 is not a positive multiple of 64, .*: try 64 or 128",
+    ):
         validate_weights(cfg)
 
 
@@ -335,7 +338,7 @@ def test_standalone_val_caches_the_split_it_validates(setup, capsys, cache):
 
 def test_an_image_size_off_the_stride_is_rounded_up_with_a_warning(setup, capsys):
     """v7.0's check_img_size: the next multiple of the model's largest stride (64 for P6), one warning line."""
-    from yolo5l.io.weights import save_weights
+    from yolo5l.models.weights import save_weights
     from yolo5l.models.yolo import YOLOv5
 
     val(setup, "imgsz_70", "data.imgsz=70")

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from yolo5l.convert import main as convert_main
-from yolo5l.io.weights import (
+from yolo5l.models.weights import (
     UnsafeCheckpointError,
     load_checkpoint,
     load_ultralytics,
@@ -302,7 +302,7 @@ def test_fake_file_has_ultralytics_globals(ultralytics_file):
 
 def test_load_transfers_all_and_matches_reference(ultralytics_file, caplog):
     assert "models" not in sys.modules  # nothing of ultralytics is importable here
-    with caplog.at_level(logging.INFO, logger="yolo5l.io.weights"):
+    with caplog.at_level(logging.INFO, logger="yolo5l.models.weights"):
         model, info = load_ultralytics(ultralytics_file.path)
     assert "models" not in sys.modules
     assert (info.transferred, info.total, info.skipped) == (349, 349, [])

@@ -31,7 +31,7 @@ _EXPORTS = {
     "YOLODataModule": "yolo5l.data.datamodule",
     "YOLOv5Module": "yolo5l.training.module",
     "compose_config": "yolo5l.config",
-    "load_ultralytics": "yolo5l.io.weights",
+    "load_ultralytics": "yolo5l.models.weights",
 }
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from yolo5l.config import compose_config
     from yolo5l.data.datamodule import YOLODataModule
-    from yolo5l.io.weights import load_ultralytics
+    from yolo5l.models.weights import load_ultralytics
     from yolo5l.models.yolo import YOLOv5
     from yolo5l.training.loss import YOLOv5Loss
     from yolo5l.training.module import YOLOv5Module

@@ -25,8 +25,8 @@ from omegaconf import DictConfig
 from yolo5l._cli import guarded, run_entry_point
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.files import atomic_open
 from yolo5l.base.hardware import with_command_threads
-from yolo5l.io.files import atomic_open
 
 __all__ = ["Row", "benchmark", "format_table"]
 
@@ -90,9 +90,9 @@ def _one(
     from yolo5l.config import compose_config
     from yolo5l.deploy.exported import load_exported
     from yolo5l.deploy.formats import output_path
-    from yolo5l.export import ExportOptions, export_model
-    from yolo5l.io.weights import load_weights
-    from yolo5l.val import validate_weights
+    from yolo5l.exporter import ExportOptions, export_model
+    from yolo5l.models.weights import load_weights
+    from yolo5l.validation import validate_weights
 
     fmt, _, precision = name.partition("-")
     row = Row(name)
@@ -100,7 +100,7 @@ def _one(
         device = torch.device(str(cfg.device))
         if fmt == "pytorch":
             path = weights
-            from yolo5l.export import DecodedYOLOv5, prepare_for_export
+            from yolo5l.exporter import DecodedYOLOv5, prepare_for_export
 
             net = DecodedYOLOv5(prepare_for_export(load_weights(weights)[0])).to(device)
         else:
@@ -129,7 +129,7 @@ def benchmark(cfg: DictConfig) -> list[Row]:
     (`yolo5l.base.hardware.command_threads`): the validations inside keep it.
     """
     from yolo5l.deploy.formats import FORMATS
-    from yolo5l.io.weights import load_weights, resolve_weights
+    from yolo5l.models.weights import load_weights, resolve_weights
 
     out = Path(HydraConfig.get().runtime.output_dir)
     unknown = [f for f in cfg.formats if f != "pytorch" and f not in FORMATS]

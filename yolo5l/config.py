@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import yolo5l.base.resolvers  # noqa: F401 - the resolvers conf/ uses
 from yolo5l.base.errors import UserError
+from yolo5l.base.image_size import check_image_size
 
 __all__ = [
     "CONFIG_MODULE",
@@ -35,12 +36,11 @@ __all__ = [
     "check_val_config",
     "compose_config",
     "config_choices",
-    "merge_resume_config",
+    "override_key",
     "to_yaml",
 ]
 
 CONFIG_MODULE = "yolo5l.conf"
-STRIDE = 32  # the largest stride of YOLOv5's heads: image sizes are multiples of it
 TRAIN_OPTIONS = ("single_cls", "rect", "image_weights", "multi_scale", "quad")  # v7.0 train.py's data switches
 
 
@@ -201,19 +201,13 @@ def _int(node: Any, key: str, minimum: int | None = None, allow: Sequence[Any] =
     return value
 
 
-def _round(x: int) -> int:
-    return max(STRIDE, round(x / STRIDE) * STRIDE)
-
-
 def _check_imgsz(imgsz: int, key: str, any_size: bool = False) -> None:
     """Refuse a size that is not positive, or (unless `any_size`: val and predict round it up to the model's stride,
-    `yolo5l.io.model_source.fit_to_stride`) not a multiple of 32."""
+    `yolo5l.base.image_size.fit_to_stride`) not a multiple of 32."""
     if imgsz <= 0 and any_size:
         raise UserError(f"{key}={imgsz} must be a positive image size in pixels, e.g. {key}=640")
-    if imgsz <= 0 or (imgsz % STRIDE and not any_size):
-        raise UserError(
-            f"{key}={imgsz} is not a positive multiple of {STRIDE} (the largest stride): try {_round(imgsz)}"
-        )
+    if not any_size:
+        check_image_size(imgsz, key=key)
 
 
 def _check_file(value: Any, key: str, hint: str) -> None:
@@ -342,72 +336,10 @@ def check_predict_config(cfg: DictConfig) -> None:
     _int(cfg, "max_det", minimum=1)
 
 
-# ---- resume ---------------------------------------------------------------------------------------------------------
-#: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module),
-#: except a new `hyp.lr0` for the rest of a run that diverged (`yolo5l.training.optim.rescale_lr0`).
-RESUME_MAY_CHANGE = (
-    "hyp.lr0", "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
-    "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
-    "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
-    "data.cache_dir", "data.val_batch_size", "data.pipeline", "data.device_cache_reserve_gb", "callbacks", "logger",
-    "paths", "resume", "tune_malloc", "hydra", "plots",
-)  # fmt: skip
-
-
-#: Values that ask the run to settle something (a batch size search, the precision `auto` picks): typed again on a
-#: resume's command line, they take what the run settled, which its checkpoint holds.
-SETTLE_REQUESTS = {"data.batch_size": -1, "trainer.precision": "auto"}
-
-
-def _override_key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The dotted key an override sets: `+a.b=1`, `~a.b`, `override a/b=c` -> `a.b`."""
     key = override.split("=", 1)[0].lstrip("+~")
     return key.removeprefix("override ").strip().replace("/", ".")
-
-
-def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Sequence[str], path: Any) -> DictConfig:
-    """The config of a resumed run: the checkpoint's own (`saved`), with the command line's overrides applied where
-    `RESUME_MAY_CHANGE` allows. An override of anything else must agree with the checkpoint's run, but for a
-    request the run settled (`SETTLE_REQUESTS`). A precision `auto` picked is picked again on another accelerator.
-
-    Args:
-        cfg: the config composed from this command line.
-        saved: the run's config stored in the checkpoint.
-        overrides: this command line's overrides (`HydraConfig.get().overrides.task`).
-        path: the checkpoint (for the message).
-
-    Raises:
-        UserError: An override changes what the run trains (model, data, hyperparameters, ...).
-    """
-    merged = OmegaConf.create(saved)
-    for override in overrides:
-        key = _override_key(override)
-        mine = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
-        if key == "resume" or key.startswith(tuple(f"{k}." for k in RESUME_MAY_CHANGE)) or key in RESUME_MAY_CHANGE:
-            if override.lstrip().startswith("~"):
-                parent, _, leaf = key.rpartition(".")
-                node = OmegaConf.select(merged, parent) if parent else merged
-                if OmegaConf.is_dict(node) and leaf in node:
-                    with open_dict(node):
-                        del node[leaf]
-            else:
-                OmegaConf.update(merged, key, mine, merge=False, force_add=True)
-            continue
-        if key in SETTLE_REQUESTS and mine == SETTLE_REQUESTS[key]:
-            continue
-        theirs = OmegaConf.select(merged, key, default=None, throw_on_missing=False)
-        as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
-        if as_plain[0] != as_plain[1]:
-            raise UserError(
-                f"resume: {override} changes what the run in {path} trains ({key} is {as_plain[1]!r} there); "
-                f"drop it to resume, or start a new run with weights={path}"
-            )
-    with open_dict(merged):
-        merged.weights = None  # the checkpoint holds the weights: the run's starting weights are not read again
-    picked = str(OmegaConf.select(merged, "sources.trainer.precision", default="")).startswith("auto")
-    if picked and any(_override_key(o) == "trainer.accelerator" for o in overrides):
-        merged.trainer.precision = "auto"
-        del merged.sources.trainer["precision"]
-    return merged
 
 
 def check_export_config(cfg: DictConfig) -> None:
@@ -446,7 +378,7 @@ def check_search_space(cfg: DictConfig) -> None:
     """
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     task = OmegaConf.select(cfg, "hydra.overrides.task", default=None) or []
-    keys = [str(k) for k in params] + [_override_key(o) for o in task if not str(o).lstrip().startswith(("+", "~"))]
+    keys = [str(k) for k in params] + [override_key(o) for o in task if not str(o).lstrip().startswith(("+", "~"))]
     known = set(cfg.get("hyp") or {})
     for key in keys:
         leaf = key.removeprefix("hyp.")

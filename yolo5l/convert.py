@@ -2,7 +2,7 @@
 
     python -m yolo5l.convert yolov5s.pt yolov5s_yolo5l.pt [--num-classes N]
 
-The output is what :func:`yolo5l.io.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
+The output is what :func:`yolo5l.models.weights.save_weights` writes: ``model_config`` {depth, width, num_classes,
 anchors, cfg (the layer table: None for P5, "p6", or the model yaml)}, ``state_dict`` (half precision), ``names``
 and ``imgsz``; ``torch.load(out, weights_only=True)`` reads it. The input (a stripped release file, or the
 unstripped ``last.pt``/``best.pt`` of a run, whose EMA weights are taken) is read without running pickled code
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from yolo5l.base.errors import EXIT_USAGE
-from yolo5l.io.weights import UnsafeCheckpointError, load_weights, save_weights
+from yolo5l.models.weights import UnsafeCheckpointError, load_weights, save_weights
 
 
 class _OneLineParser(argparse.ArgumentParser):

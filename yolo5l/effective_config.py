@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from yolo5l.base.errors import shown_path
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
 from yolo5l.run_info import print_block, settle_cache, training_rows
 
 __all__ = ["EffectiveConfig"]

@@ -225,17 +225,9 @@ def _resumed_config(values: Sequence[Any], tree: dict[str, Any]) -> dict[str, An
     if resume is None or resume.is_sweep_override():
         return None
     runs_dir = next((_value(o) for o in values if o.key_or_group == "paths.runs_dir"), None)
-    runs_dir = runs_dir or _lookup(tree, ["paths", "runs_dir"])
-    from pathlib import Path
+    from yolo5l.resume import stored_config
 
-    from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
-
-    try:
-        path = find_resume_checkpoint(_value(resume), Path(str(runs_dir)) / "train")
-        config = read_resume_state(path).config if path is not None else None
-    except UserError:
-        return None
-    return dict(config) if isinstance(config, dict) else None
+    return stored_config(_value(resume), str(runs_dir or _lookup(tree, ["paths", "runs_dir"])))
 
 
 def _merge(tree: dict[str, Any], extra: dict[str, Any]) -> None:

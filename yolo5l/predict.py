@@ -54,9 +54,9 @@ _Item = tuple[Frame, np.ndarray, tuple[tuple[float, float], tuple[float, float]]
 def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int, Any]:
     """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
     network itself (None for an exported file)."""
+    from yolo5l.base.image_size import fit_to_stride
     from yolo5l.deploy.exported import is_exported, load_exported
-    from yolo5l.io.model_source import fit_to_stride
-    from yolo5l.io.weights import load_weights, resolve_weights
+    from yolo5l.models.weights import load_weights, resolve_weights
 
     net: nn.Module | None = None
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: returns the decoded boxes itself

@@ -1,23 +1,44 @@
-"""What `resume=` means for `python -m yolo5l.train`: the interrupted run's own folder and config.
-
-Finding and reading the checkpoint is `yolo5l.callbacks.checkpoint` (`find_resume_checkpoint`, `read_resume_state`);
-merging the command line into the run's config is `yolo5l.config.merge_resume_config`.
+"""What `resume=` means for `python -m yolo5l.train`, all of it: the checkpoint a run resumes from
+(`find_resume_checkpoint`) and what it holds (`read_resume_state`), the interrupted run's own folder
+(`resume_in_place`), its config with the command line merged in (`merge_resume_config`, `RESUME_MAY_CHANGE`), the
+config the override check reads (`stored_config`), and the start of a run, new or resumed (`start_or_resume`).
 """
 
 from __future__ import annotations
 
+import pickle
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.base.console import info, is_rank_zero
 from yolo5l.base.errors import UserError, shown_path
-from yolo5l.callbacks.checkpoint import find_resume_checkpoint, read_resume_state
-from yolo5l.config import merge_resume_config
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
+from yolo5l.callbacks.checkpoint import CONFIG_KEY, checkpoint_position
+from yolo5l.config import override_key
+from yolo5l.io.archive import archive_damage
+from yolo5l.io.hyp_file import apply_hyp_file
+from yolo5l.io.old_targets import current_targets
 
-__all__ = ["resume_config", "resume_in_place"]
+__all__ = [
+    "RESUME_MAY_CHANGE", "SETTLE_REQUESTS", "ResumeState", "find_resume_checkpoint", "merge_resume_config",
+    "read_resume_state", "resume_config", "resume_in_place", "start_or_resume", "stored_config",
+]  # fmt: skip
+
+
+def start_or_resume(cfg: DictConfig, overrides: list[str], output_dir: Path) -> tuple[DictConfig, Path | None]:
+    """The config a training run starts from and the checkpoint it resumes (None for a new run): with `resume=`, the
+    checkpoint's config with this command line merged in (`resume_config`); else the composed config with its hyp
+    file's values (`yolo5l.io.hyp_file.apply_hyp_file`; a resumed run's config holds them already)."""
+    ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir.parent, exclude=output_dir)
+    if ckpt_path is None:
+        return apply_hyp_file(cfg, overrides, output_dir), None
+    return resume_config(cfg, ckpt_path, overrides, output_dir), ckpt_path
 
 
 def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output_dir: Path) -> DictConfig:
@@ -78,3 +99,144 @@ def _entries_off(argv: list[str], path: Path | None) -> list[str]:
         return isinstance(entries, dict) and name in entries
 
     return [f"++{m.group(1)}=null" if (m := _ENTRY_DELETION.fullmatch(a)) and in_run(m.group(1)) else a for a in argv]
+
+
+@dataclass
+class ResumeState:
+    """What `resume=` needs from a checkpoint before anything is built.
+
+    Attributes:
+        path: the checkpoint.
+        epochs_done: epochs completed when it was written.
+        config: the run's composed config (None in checkpoints written without `RunConfig`).
+        batches_done: batches of epoch `epochs_done` already trained (a mid-epoch checkpoint; 0 at an epoch end).
+    """
+
+    path: Path
+    epochs_done: int
+    config: dict[str, Any] | None
+    batches_done: int = 0
+
+
+def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = None) -> Path | None:
+    """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` under
+    `runs_root` (`runs/train` by default), the folder `exclude` (the new run's own) left out.
+
+    Raises:
+        UserError: The checkpoint does not exist, or none was found.
+    """
+    if resume is None or resume is False or str(resume).lower() in ("false", "null", "none", ""):
+        return None
+    if resume is True or str(resume).lower() == "true":
+        found = [
+            p
+            for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
+            for p in Path(runs_root).glob(pattern)
+            if exclude is None or Path(exclude) not in p.parents
+        ]
+        if not found:
+            raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
+        return max(found, key=lambda p: p.stat().st_mtime)
+    path = Path(str(resume))
+    if not path.is_file():
+        raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+    return path
+
+
+def read_resume_state(path: Path) -> ResumeState:
+    """Read a training checkpoint without running pickled code (`weights_only=True`).
+
+    Raises:
+        UserError: The file is damaged, holds more than a yolo5l checkpoint can, or is not a training checkpoint.
+    """
+    damage = archive_damage(path)
+    if damage:
+        raise UserError(f"{path} is damaged ({damage}): resume from another copy of it")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).splitlines()[0]
+        raise UserError(f"{path}: refused to load, it holds more than a yolo5l checkpoint can ({reason})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise UserError(
+            f"{path}: damaged or not a PyTorch checkpoint ({type(e).__name__}): use another last.ckpt"
+        ) from None
+    if not isinstance(ckpt, dict) or "epoch" not in ckpt or "state_dict" not in ckpt:
+        raise UserError(
+            f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
+        )
+    epochs_done, batches_done = checkpoint_position(ckpt)
+    return ResumeState(path, epochs_done, current_targets(ckpt.get(CONFIG_KEY)), batches_done)
+
+
+#: Keys a resumed run may change: how it runs and what it writes, never what it trains (model, data, hyp, module),
+#: except a new `hyp.lr0` for the rest of a run that diverged (`yolo5l.training.optim.rescale_lr0`).
+RESUME_MAY_CHANGE = (
+    "hyp.lr0", "trainer.max_epochs", "trainer.devices", "trainer.num_nodes", "trainer.accelerator", "trainer.strategy",
+    "trainer.enable_progress_bar", "trainer.log_every_n_steps", "trainer.limit_val_batches", "data.num_workers",
+    "data.val_num_workers", "data.persistent_workers", "data.pin_memory", "data.prefetch_factor", "data.cache",
+    "data.cache_dir", "data.val_batch_size", "data.pipeline", "data.device_cache_reserve_gb", "callbacks", "logger",
+    "paths", "resume", "tune_malloc", "hydra", "plots",
+)  # fmt: skip
+
+
+#: Values that ask the run to settle something (a batch size search, the precision `auto` picks): typed again on a
+#: resume's command line, they take what the run settled, which its checkpoint holds.
+SETTLE_REQUESTS = {"data.batch_size": -1, "trainer.precision": "auto"}
+
+
+def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Sequence[str], path: Any) -> DictConfig:
+    """The config of a resumed run: the checkpoint's own (`saved`), with the command line's overrides applied where
+    `RESUME_MAY_CHANGE` allows. An override of anything else must agree with the checkpoint's run, but for a
+    request the run settled (`SETTLE_REQUESTS`). A precision `auto` picked is picked again on another accelerator.
+
+    Args:
+        cfg: the config composed from this command line.
+        saved: the run's config stored in the checkpoint.
+        overrides: this command line's overrides (`HydraConfig.get().overrides.task`).
+        path: the checkpoint (for the message).
+
+    Raises:
+        UserError: An override changes what the run trains (model, data, hyperparameters, ...).
+    """
+    merged = OmegaConf.create(saved)
+    for override in overrides:
+        key = override_key(override)
+        mine = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        if key == "resume" or key.startswith(tuple(f"{k}." for k in RESUME_MAY_CHANGE)) or key in RESUME_MAY_CHANGE:
+            if override.lstrip().startswith("~"):
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(merged, parent) if parent else merged
+                if OmegaConf.is_dict(node) and leaf in node:
+                    with open_dict(node):
+                        del node[leaf]
+            else:
+                OmegaConf.update(merged, key, mine, merge=False, force_add=True)
+            continue
+        if key in SETTLE_REQUESTS and mine == SETTLE_REQUESTS[key]:
+            continue
+        theirs = OmegaConf.select(merged, key, default=None, throw_on_missing=False)
+        as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
+        if as_plain[0] != as_plain[1]:
+            raise UserError(
+                f"resume: {override} changes what the run in {path} trains ({key} is {as_plain[1]!r} there); "
+                f"drop it to resume, or start a new run with weights={path}"
+            )
+    with open_dict(merged):
+        merged.weights = None  # the checkpoint holds the weights: the run's starting weights are not read again
+    picked = str(OmegaConf.select(merged, "sources.trainer.precision", default="")).startswith("auto")
+    if picked and any(override_key(o) == "trainer.accelerator" for o in overrides):
+        merged.trainer.precision = "auto"
+        del merged.sources.trainer["precision"]
+    return merged
+
+
+def stored_config(resume: Any, runs_dir: str) -> dict[str, Any] | None:
+    """The config stored in the checkpoint `resume=` names under `runs_dir`, for the check of a resume's overrides
+    (`yolo5l.overrides`); None when there is none (train reports a missing or damaged checkpoint)."""
+    try:
+        path = find_resume_checkpoint(resume, Path(runs_dir) / "train")
+        config = read_resume_state(path).config if path is not None else None
+    except UserError:
+        return None
+    return dict(config) if isinstance(config, dict) else None

@@ -26,15 +26,18 @@ import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
 from yolo5l.base.errors import shown_path
+from yolo5l.config import override_key
 
 __all__ = [
-    "SETTLED", "cpu_oversubscription", "data_from_weights", "model_gflops", "print_block", "settle",
-    "settle_build", "settle_cache", "source_of", "training_rows",
+    "SETTLED", "cpu_oversubscription", "data_from_weights", "epochs_done", "from_scratch_line", "model_gflops",
+    "model_source_line", "print_block", "report_outputs", "settle", "settle_build", "settle_cache", "source_of",
+    "training_rows", "warn_if_crowded",
 ]  # fmt: skip
 
 _GLOBAL_GROUPS = ("debug", "experiment", "hparams_search")  # `# @package _global_` options: keys from the root
@@ -70,10 +73,6 @@ def _option_keys(group: str, option: str) -> frozenset[str]:
     return frozenset(keys)
 
 
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~").replace("/", ".")
-
-
 def _is_group(key: str) -> bool:
     """Whether `key` (`data`, `module.optimizer`) is a config group: its override picks an option, not values."""
     return files("yolo5l.conf").joinpath(*key.split(".")).is_dir()
@@ -86,7 +85,7 @@ def source_of(
     (`experiment=smoke`, `data=coco128`), `the checkpoint` (resumed run), or None for the shipped default. A group
     override (`data=coco128`) types the group only: the values under it are its option's."""
     for typed in reversed(list(overrides)):
-        k = _override_key(typed)
+        k = override_key(typed)
         if k == key or (not _is_group(k) and (key.startswith(f"{k}.") or k.startswith(f"{key}."))):
             return "command line"  # the key, a node above or below it
     if resumed:
@@ -171,8 +170,8 @@ def _recorded(cfg: Any, key: str) -> str | None:
 
 def _typed_now(cfg: Any, overrides: Sequence[str]) -> list[str]:
     """The overrides that set something: on a resume, a request the run settled typed again (`data.batch_size=-1`,
-    `yolo5l.config.SETTLE_REQUESTS`) sets nothing, its checkpoint holds what the run settled."""
-    from yolo5l.config import SETTLE_REQUESTS
+    `yolo5l.resume.SETTLE_REQUESTS`) sets nothing, its checkpoint holds what the run settled."""
+    from yolo5l.resume import SETTLE_REQUESTS
 
     if not cfg.get("resume"):
         return list(overrides)
@@ -345,7 +344,7 @@ _DATA_CHOICES = ("data", "data.file", "data.synthetic")
 
 def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] | None = None) -> str | None:
     """`python -m yolo5l.val` without `data=` / `data.file=`: validate on the dataset yaml the weights record
-    (`yolo5l.io.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
+    (`yolo5l.models.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
     command line chose the data, the weights record none, or the recorded file is not here (a warning line then).
 
     Args:
@@ -359,7 +358,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
         from hydra.core.hydra_config import HydraConfig
 
         overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    chosen = any(_override_key(o) in _DATA_CHOICES or _override_key(o).startswith("data.synthetic.") for o in overrides)
+    chosen = any(override_key(o) in _DATA_CHOICES or override_key(o).startswith("data.synthetic.") for o in overrides)
     if chosen or not recorded:
         return None
     if not os.path.isfile(recorded):
@@ -369,3 +368,91 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
         cfg.data.file = recorded
     info(f"data.file: {shown_path(recorded)} (the dataset the weights were trained on)")
     return recorded
+
+
+def warn_if_crowded(cfg: Any, world: int) -> None:
+    """One warning line when CPU training starts more processes on this machine than it has cores
+    (`cpu_oversubscription`); `world`: the processes of the run, all nodes."""
+    from yolo5l.base.console import info
+    from yolo5l.base.hardware import uses_cuda
+
+    crowded = cpu_oversubscription(
+        world // int(cfg.trainer.get("num_nodes") or 1), not uses_cuda(cfg.trainer.accelerator)
+    )
+    if crowded:
+        info(f"warning: {crowded}")
+
+
+def model_source_line(cfg: Any, model: Any, loaded: Any) -> str | None:
+    """What the model starts from: the weights file's items transferred, or for a dataset of one's own without
+    `weights=`, the note that it trains from scratch (`from_scratch_line`); None for a resumed run."""
+    if loaded is not None:
+        return f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights} ({model.describe()})"
+    return from_scratch_line() if cfg.data.get("file") and not cfg.get("resume") else None
+
+
+def from_scratch_line() -> str:
+    """The note for a run on a dataset of one's own without `weights=` (YOLOv5's train.py fine-tunes yolov5s.pt by
+    default)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    choice = str(hc.runtime.choices.get("model", "")) if hc is not None else ""
+    name = choice if choice.startswith("yolov5") else "yolov5s"
+    return (
+        f"training from scratch (no weights=); to fine-tune the COCO-pretrained {name} as YOLOv5's train.py does "
+        f"by default, add weights={name}.pt"
+    )
+
+
+def report_outputs(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:
+    """The closing block of a training run: the best and last validation rows, and where its outputs are (the
+    weights leave the run also without a checkpoint callback); the sweep's summary in a multirun."""
+    from yolo5l.base.console import print_outputs
+    from yolo5l.callbacks.val_summary import ValidationSummary, format_row
+
+    ckpt_dir = next((Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
+    if ckpt_dir is None:  # no LastCheckpoint (callbacks=none): the weights still leave the run
+        from yolo5l.models.weights import save_weights
+
+        spec = getattr(trainer.datamodule, "spec", None)
+        data, imgsz = getattr(spec, "file", None), getattr(trainer.datamodule, "imgsz", None)
+        ckpt_dir = save_weights(module.model, output_dir / "weights.pt", module.names, imgsz=imgsz, data=data).parent
+
+    def existing(path: Path | None) -> str | None:
+        return shown_path(path) if path is not None and path.exists() else None
+
+    csv = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), None)
+    tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
+    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
+    rows = {"best": summary.best, "last": summary.last} if summary is not None and summary.last else {}
+    print_outputs(
+        f"Training done in {wall:.1f} s, {epochs_done(trainer)}. Outputs:",
+        {
+            **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
+            "run folder": shown_path(output_dir),
+            "weights": existing(ckpt_dir / "weights.pt" if ckpt_dir else None),
+            "checkpoint": existing(ckpt_dir / "last.ckpt" if ckpt_dir else None),
+            "logs": f"tensorboard --logdir {shown_path(output_dir)}" if tb else None,
+            "metrics CSV": existing(csv),
+            "config": existing(output_dir / ".hydra" / "config.yaml"),
+        },
+    )
+    if sweep_dir is not None:
+        print_outputs("Sweep summary:", {"table": shown_path(sweep_dir / "summary.md")})
+
+
+def epochs_done(trainer: Any) -> str:
+    """`3 epochs`, or for a resumed or extended run `1 epoch (epoch 3), 4 in all`: the epochs this command trained
+    (numbered from 0, as the epoch lines)."""
+    from yolo5l.callbacks.epoch_line import EpochLine
+
+    line = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLine)), None)
+    if line is None or line.first_epoch is None:
+        return f"{trainer.current_epoch} epoch(s)"
+    n, first = line.epochs_run, line.first_epoch
+    text = f"{n} epoch{'s' if n != 1 else ''}"
+    if first > 0:
+        which = f"epoch {first}" if n == 1 else f"epochs {first}-{first + n - 1}"
+        text += f" ({which}), {first + n} in all" if n else f", {first} in all"
+    return text

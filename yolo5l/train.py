@@ -30,27 +30,18 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
-from yolo5l.base.console import fail, info, print_outputs
-from yolo5l.base.errors import UserError, shown_path
-from yolo5l.base.hardware import uses_cuda
-from yolo5l.callbacks.checkpoint import RunConfig, find_resume_checkpoint
-from yolo5l.callbacks.epoch_line import EpochLine
+from yolo5l.base.console import fail, info
+from yolo5l.base.errors import UserError
+from yolo5l.callbacks.checkpoint import RunConfig
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
-from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 from yolo5l.config import check_train_config
 from yolo5l.effective_config import EffectiveConfig
-from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
-from yolo5l.resume import resume_config, resume_in_place
-from yolo5l.run_info import cpu_oversubscription, settle, settle_build
+from yolo5l.final_val import validate_best
+from yolo5l.io.hyp_file import hyp_file_argv
+from yolo5l.resume import resume_in_place, start_or_resume
+from yolo5l.run_info import model_source_line, report_outputs, settle, settle_build, warn_if_crowded
 from yolo5l.tracking.trackers import finish_run, instantiate_entries
 from yolo5l.training.divergence import TrainingDiverged
-from yolo5l.training.final_val import validate_best
-
-
-def _instantiate_all(node: DictConfig | None) -> list[Any]:
-    """Instantiate every `_target_` entry of a group keyed by name (callbacks, loggers); a tracker's missing extra is
-    a `UserError`, an unreachable one is left out with a warning (`yolo5l.tracking.trackers.instantiate_entries`)."""
-    return instantiate_entries(node)
 
 
 def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
@@ -65,17 +56,16 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
 
     from yolo5l.base.hardware import resolve_precision, use_tensor_cores
     from yolo5l.callbacks.progress_bar import with_console_progress
-    from yolo5l.io.model_source import build_model, check_stride
+    from yolo5l.callbacks.sweep import SweepSummary
+    from yolo5l.models.model_source import build_model, check_stride
     from yolo5l.models.yolo import freeze_layers
     from yolo5l.training.amp_check import check_amp
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
     datamodule = instantiate(cfg.data, _convert_="all")
     model, loaded = build_model(cfg, datamodule.num_classes)  # cfg.model gets what was built (resume rebuilds it)
-    if loaded is not None:
-        info(f"transferred {loaded.transferred}/{loaded.total} items from {cfg.weights} ({model.describe()})")
-    elif cfg.data.get("file") and not cfg.get("resume"):
-        info(_from_scratch_line())
+    if line := model_source_line(cfg, model, loaded):
+        info(line)
     datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # 64 for P6: rectangular batches use it
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
     if frozen:
@@ -88,19 +78,14 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     precision, amp_line = check_amp(model, precision, accelerator)
     if amp_line:
         info(amp_line)
-    # a bar on a terminal only, none when turned off (Lightning refuses a bar callback then, and without one it adds
-    # its rich bar, which draws into redirected output too)
+    # a bar on a terminal only (and when turned on): Lightning's own would draw into redirected output too
     callbacks = with_console_progress(
-        _instantiate_all(cfg.get("callbacks")), cfg.trainer.get("enable_progress_bar", True)
+        instantiate_entries(cfg.get("callbacks")), cfg.trainer.get("enable_progress_bar", True)
     )
-    hc = HydraConfig.get() if HydraConfig.initialized() else None
-    if hc is not None and hc.mode == RunMode.MULTIRUN:
-        from yolo5l.callbacks.sweep import SweepSummary
-
-        callbacks.append(SweepSummary(hc.sweep.dir, int(hc.job.num), list(hc.overrides.task), hc.runtime.output_dir))
+    callbacks += SweepSummary.of_this_job()  # in a multirun: the sweep's summary table
     effective = EffectiveConfig.of_run(cfg)  # the start-up block and .hydra/config.yaml once the data is set up
     callbacks += [RunConfig(cfg), effective]  # the config in every checkpoint: resume= rebuilds the run from it
-    loggers = _instantiate_all(cfg.get("logger"))
+    loggers = instantiate_entries(cfg.get("logger"))
     trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision, _convert_="all"
     )
@@ -108,33 +93,12 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     return datamodule, module, trainer
 
 
-def _from_scratch_line() -> str:
-    """The note for a run on a dataset of one's own without `weights=` (YOLOv5's train.py fine-tunes yolov5s.pt by
-    default)."""
-    hc = HydraConfig.get() if HydraConfig.initialized() else None
-    choice = str(hc.runtime.choices.get("model", "")) if hc is not None else ""
-    name = choice if choice.startswith("yolov5") else "yolov5s"
-    return (
-        f"training from scratch (no weights=); to fine-tune the COCO-pretrained {name} as YOLOv5's train.py does "
-        f"by default, add weights={name}.pt"
-    )
-
-
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as `cfg` says, write the run folder, print where everything is; returns the final metrics."""
     hc = HydraConfig.get()
     output_dir = Path(hc.runtime.output_dir)
-    ckpt_path = find_resume_checkpoint(cfg.get("resume"), output_dir.parent, exclude=output_dir)
-    if ckpt_path is not None:
-        cfg = resume_config(cfg, ckpt_path, list(hc.overrides.task), output_dir)
-    else:  # a resumed run's config holds its hyp file's values already
-        cfg = apply_hyp_file(cfg, list(hc.overrides.task), output_dir)
-    world = check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN)
-    crowded = cpu_oversubscription(
-        world // int(cfg.trainer.get("num_nodes") or 1), not uses_cuda(cfg.trainer.accelerator)
-    )
-    if crowded:
-        info(f"warning: {crowded}")
+    cfg, ckpt_path = start_or_resume(cfg, list(hc.overrides.task), output_dir)  # resume=: the run's own config
+    warn_if_crowded(cfg, check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN))
 
     datamodule, module, trainer = build(cfg)  # the start-up block is printed as fitting starts (EffectiveConfig)
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
@@ -142,8 +106,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             settle(cfg, "data.batch_size", instantiate(cfg.tune)(trainer, module, datamodule), "batch search")
         t0 = time.perf_counter()
         try:
-            ckpt = str(ckpt_path) if ckpt_path else None
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt, weights_only=True)
+            trainer.fit(module, datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
         except TrainingDiverged:
             if hc.mode != RunMode.MULTIRUN:
                 raise  # its line is printed; exit status 65
@@ -158,54 +121,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's
     if trainer.is_global_zero:
-        _report(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
+        report_outputs(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
     return metrics | finish_run(trainer, output_dir)  # best fitness; weights and tables to MLflow / W&B (rank 0)
-
-
-def _report(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:
-    ckpt_dir = next((Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
-    if ckpt_dir is None:  # no LastCheckpoint (callbacks=none): the weights still leave the run
-        from yolo5l.io.weights import save_weights
-
-        spec = getattr(trainer.datamodule, "spec", None)
-        data, imgsz = getattr(spec, "file", None), getattr(trainer.datamodule, "imgsz", None)
-        ckpt_dir = save_weights(module.model, output_dir / "weights.pt", module.names, imgsz=imgsz, data=data).parent
-
-    def existing(path: Path | None) -> str | None:
-        return shown_path(path) if path is not None and path.exists() else None
-
-    csv = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), None)
-    tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
-    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
-    rows = {"best": summary.best, "last": summary.last} if summary is not None and summary.last else {}
-    print_outputs(
-        f"Training done in {wall:.1f} s, {_epochs_done(trainer)}. Outputs:",
-        {
-            **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
-            "run folder": shown_path(output_dir),
-            "weights": existing(ckpt_dir / "weights.pt" if ckpt_dir else None),
-            "checkpoint": existing(ckpt_dir / "last.ckpt" if ckpt_dir else None),
-            "logs": f"tensorboard --logdir {shown_path(output_dir)}" if tb else None,
-            "metrics CSV": existing(csv),
-            "config": existing(output_dir / ".hydra" / "config.yaml"),
-        },
-    )
-    if sweep_dir is not None:
-        print_outputs("Sweep summary:", {"table": shown_path(sweep_dir / "summary.md")})
-
-
-def _epochs_done(trainer: Any) -> str:
-    """`3 epochs`, or for a resumed or extended run `1 epoch (epoch 3), 4 in all`: the epochs this command trained
-    (numbered from 0, as the epoch lines)."""
-    line = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLine)), None)
-    if line is None or line.first_epoch is None:
-        return f"{trainer.current_epoch} epoch(s)"
-    n, first = line.epochs_run, line.first_epoch
-    text = f"{n} epoch{'s' if n != 1 else ''}"
-    if first > 0:
-        which = f"epoch {first}" if n == 1 else f"epochs {first}-{first + n - 1}"
-        text += f" ({which}), {first + n} in all" if n else f", {first} in all"
-    return text
 
 
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="train")

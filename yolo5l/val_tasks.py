@@ -31,6 +31,7 @@ from torch import Tensor
 
 from yolo5l.base.console import info
 from yolo5l.base.errors import UserError
+from yolo5l.base.image_size import check_image_size
 from yolo5l.eval.stage_times import StageTimes, speed_line
 
 __all__ = [
@@ -126,7 +127,7 @@ STUDY_COLUMNS = ("imgsz", "precision", "recall", "map_50", "map", "pre_process_m
 
 def write_study(rows: Sequence[Sequence[float]], path: Path) -> Path:
     """Write study rows (`STUDY_COLUMNS`) as CSV, atomically."""
-    from yolo5l.io.files import atomic_write
+    from yolo5l.base.files import atomic_write
 
     buf = io.StringIO()
     writer = csv.writer(buf)
@@ -159,7 +160,7 @@ def plot_study(rows: Sequence[Sequence[float]], path: Path, label: str) -> Path:
 
 def write_speed(results: Sequence[dict[str, Any]], path: Path) -> Path:
     """speed.json: one entry per batch size, {shape, pre_process_ms, inference_ms, nms_ms, images}."""
-    from yolo5l.io.files import atomic_write
+    from yolo5l.base.files import atomic_write
 
     return atomic_write(path, json.dumps(list(results), indent=2))
 
@@ -235,7 +236,7 @@ def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tens
     `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported,
     the model's largest stride: 64 for P6, which rectangular batches and image sizes must be multiples of)."""
     from yolo5l.deploy.exported import is_exported, load_exported
-    from yolo5l.io.weights import load_weights, resolve_weights
+    from yolo5l.models.weights import load_weights, resolve_weights
 
     if is_exported(str(cfg.weights)):
         model, _, imgsz, stride = load_exported(str(cfg.weights), device)
@@ -297,8 +298,8 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
         print_outputs("Outputs:", {"speed": shown_path(write_speed(results, out / "speed.json"))})
         return {}
     rows, metrics = [], {}
-    if any(int(size) % stride for size in cfg.study_sizes):
-        raise UserError(f"study_sizes={list(cfg.study_sizes)}: each must be a multiple of the model's stride {stride}")
+    for size in cfg.study_sizes:
+        check_image_size(size, stride, "study_sizes", of="the model")
     with running():
         for size in cfg.study_sizes:
             datamodule = instantiate(cfg.data, val_split="val", imgsz=int(size), _convert_="all")

@@ -11,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import pickle
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +26,13 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from yolo5l.base.errors import UserError, shown_path
-from yolo5l.io.archive import archive_damage
-from yolo5l.io.old_targets import current_targets
-from yolo5l.io.weights import atomic_save, save_weights
-from yolo5l.training.best_fitness import ReadsBestFitness
+from yolo5l.eval.best_fitness import ReadsBestFitness
+from yolo5l.models.weights import atomic_save, save_weights
 from yolo5l.training.divergence import first_non_finite
 
 __all__ = [
-    "AtomicCheckpointIO", "CheckpointWriteError", "LastCheckpoint", "ResumeState", "RunConfig", "archive_damage",
-    "checkpoint_position", "find_resume_checkpoint", "read_resume_state", "stop_on_write_error",
-    "write_error_message",
+    "CONFIG_KEY", "AtomicCheckpointIO", "CheckpointWriteError", "LastCheckpoint", "RunConfig", "checkpoint_position",
+    "stop_on_write_error", "write_error_message",
 ]  # fmt: skip
 
 CONFIG_KEY = "yolo5l_config"
@@ -369,74 +364,6 @@ class RunConfig(Callback):
     ) -> None:
         config = self.config
         checkpoint[CONFIG_KEY] = OmegaConf.to_container(config) if isinstance(config, DictConfig) else config
-
-
-@dataclass
-class ResumeState:
-    """What `resume=` needs from a checkpoint before anything is built.
-
-    Attributes:
-        path: the checkpoint.
-        epochs_done: epochs completed when it was written.
-        config: the run's composed config (None in checkpoints written without `RunConfig`).
-        batches_done: batches of epoch `epochs_done` already trained (a mid-epoch checkpoint; 0 at an epoch end).
-    """
-
-    path: Path
-    epochs_done: int
-    config: dict[str, Any] | None
-    batches_done: int = 0
-
-
-def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = None) -> Path | None:
-    """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` under
-    `runs_root` (`runs/train` by default), the folder `exclude` (the new run's own) left out.
-
-    Raises:
-        UserError: The checkpoint does not exist, or none was found.
-    """
-    if resume is None or resume is False or str(resume).lower() in ("false", "null", "none", ""):
-        return None
-    if resume is True or str(resume).lower() == "true":
-        found = [
-            p
-            for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
-            for p in Path(runs_root).glob(pattern)
-            if exclude is None or Path(exclude) not in p.parents
-        ]
-        if not found:
-            raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
-        return max(found, key=lambda p: p.stat().st_mtime)
-    path = Path(str(resume))
-    if not path.is_file():
-        raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
-    return path
-
-
-def read_resume_state(path: Path) -> ResumeState:
-    """Read a training checkpoint without running pickled code (`weights_only=True`).
-
-    Raises:
-        UserError: The file is damaged, holds more than a yolo5l checkpoint can, or is not a training checkpoint.
-    """
-    damage = archive_damage(path)
-    if damage:
-        raise UserError(f"{path} is damaged ({damage}): resume from another copy of it")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as e:
-        reason = str(e).splitlines()[0]
-        raise UserError(f"{path}: refused to load, it holds more than a yolo5l checkpoint can ({reason})") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise UserError(
-            f"{path}: damaged or not a PyTorch checkpoint ({type(e).__name__}): use another last.ckpt"
-        ) from None
-    if not isinstance(ckpt, dict) or "epoch" not in ckpt or "state_dict" not in ckpt:
-        raise UserError(
-            f"{path} is not a training checkpoint (no optimizer/epoch state): start a new run with weights={path}"
-        )
-    epochs_done, batches_done = checkpoint_position(ckpt)
-    return ResumeState(path, epochs_done, current_targets(ckpt.get(CONFIG_KEY)), batches_done)
 
 
 def checkpoint_position(ckpt: dict[str, Any]) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from yolo5l.training.best_fitness import ReadsBestFitness
+from yolo5l.eval.best_fitness import ReadsBestFitness
 
 __all__ = ["FitnessEarlyStopping"]
 

@@ -252,7 +252,7 @@ def _stop_lightning_observer(procs: list[Any]) -> None:
 
 
 def _remove_partial_writes(trainer: pl.Trainer) -> None:
-    """Remove the temporary files of checkpoint writes cut short (`yolo5l.io.weights.atomic_save` names them
+    """Remove the temporary files of checkpoint writes cut short (`yolo5l.models.weights.atomic_save` names them
     `.<name>.<random>.tmp` beside the target); the files they would have replaced are whole."""
     for cb in getattr(trainer, "checkpoint_callbacks", []):
         folder = getattr(cb, "dirpath", None)

@@ -24,8 +24,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from typing_extensions import override
 
-from yolo5l.io.files import atomic_write, file_lock
-from yolo5l.training.best_fitness import best_of, run_fitness
+from yolo5l.base.files import atomic_write, file_lock
+from yolo5l.eval.best_fitness import best_of, run_fitness
 
 COLUMNS = (
     "job", "overrides", "images_per_sec", "data_wait", "map_50", "map", "wall_s", "status", "output_dir", "fitness",
@@ -50,7 +50,7 @@ class SweepSummary(Callback):
 
     Throughput comes from the ThroughputMonitor's `train/images_per_sec` and `train/data_wait` (median over
     the values logged, so the first, slow steps don't dominate), accuracy from the last `val/map_50` and `val/map`,
-    fitness from the best validation (`yolo5l.training.best_fitness.run_fitness`: what the job returns to a sweeper).
+    fitness from the best validation (`yolo5l.eval.best_fitness.run_fitness`: what the job returns to a sweeper).
 
     Args:
         sweep_dir: The sweep folder (`hydra.sweep.dir`).
@@ -75,6 +75,17 @@ class SweepSummary(Callback):
         self.output_dir = output_dir
         self.rank_by = rank_by or sweeper_ranking()
         self._t0: float | None = None
+
+    @classmethod
+    def of_this_job(cls) -> list[SweepSummary]:
+        """`[SweepSummary(...)]` for the job of a Hydra multirun that runs now, else `[]`."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get() if HydraConfig.initialized() else None
+        if hc is None or hc.mode != RunMode.MULTIRUN:
+            return []
+        return [cls(hc.sweep.dir, int(hc.job.num), list(hc.overrides.task), hc.runtime.output_dir)]
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -12,7 +12,7 @@ would give, so labels (normalised) and the shape checks below hold either way.
   cache, with a message, when ``need * HEADROOM > available`` (psutil's available memory).
 - ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>[_r]`` folder
   beside the images, ``_r`` for reduced decoding, so the pixels of the two decodes never mix; when that is
-  read-only, ``<user cache>/npy/<hash>``, see :func:`~yolo5l.data.layout.user_cache_dir`). A file that is
+  read-only, ``<user cache>/npy/<hash>``, see :func:`~yolo5l.base.files.user_cache_dir`). A file that is
   unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
   free space is short (same ``HEADROOM``). Files are read as read-only memory maps: every dataloader worker and
   every DDP rank of a node then shares the page cache's one copy of an image instead of holding its own.
@@ -35,10 +35,10 @@ import cv2
 import numpy as np
 import psutil
 
+from yolo5l.base.files import atomic_open, user_cache_dir
 from yolo5l.data.images import dct_scale, read_image, read_image_reduced
-from yolo5l.data.layout import dir_writable, probe_write, user_cache_dir
+from yolo5l.data.layout import dir_writable, probe_write
 from yolo5l.data.letterbox import resize_long_side, resized_shape
-from yolo5l.io.files import atomic_open
 
 log = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from yolo5l.base.files import atomic_write
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, LIST_SUFFIX, format_labels
-from yolo5l.io.files import atomic_write
 
 __all__ = [
     "COCO80_TO_91",

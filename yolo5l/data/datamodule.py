@@ -32,6 +32,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Sampler, get_worker_info
 
 from yolo5l.base.hardware import loader_workers
+from yolo5l.base.image_size import check_image_size
 from yolo5l.data.batch_transforms import TrainBatchTransform
 from yolo5l.data.cache import CACHE_MODES
 from yolo5l.data.dataset import YOLODataset, collate_fn
@@ -156,8 +157,7 @@ class YOLODataModule(LightningDataModule):
             raise ValueError(f"data.cache must be one of {', '.join(CACHE_MODES)}, got {cache!r}")
         if pipeline not in PIPELINES:
             raise ValueError(f"data.pipeline must be one of {', '.join(PIPELINES)}, got {pipeline!r}")
-        if imgsz % 32:
-            raise ValueError(f"data.imgsz={imgsz} must be a multiple of 32 (the model's largest stride)")
+        check_image_size(imgsz)
         if rect and image_weights:
             raise ValueError("data.rect and data.image_weights exclude each other (v7.0 drops rect then)")
         self.file = file

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from yolo5l.base.image_size import MAX_STRIDE, check_image_size
 from yolo5l.data import augment as aug
 from yolo5l.data import letterbox as lbx
 from yolo5l.data import mosaic as mos
@@ -86,14 +87,12 @@ class YOLODataset(Dataset):
         cache: str = "none",
         cache_dir: str | None = None,
         reduced_decode: bool = True,
-        stride: int = lbx.MAX_STRIDE,
+        stride: int = MAX_STRIDE,
         pad: float = lbx.RECT_PAD,
         prefix: str = "",
         single_cls: bool = False,
     ) -> None:
-        if imgsz % stride:
-            raise ValueError(f"imgsz={imgsz} must be a multiple of the stride {stride}")
-        self.imgsz = int(imgsz)
+        self.imgsz = check_image_size(imgsz, stride, "imgsz")
         self.augment = augment
         self.hyp = aug.augment_hyp(hyp)
         self.rect = (not augment) if rect is None else rect

@@ -22,10 +22,10 @@ from typing import Any
 import yaml
 
 from yolo5l.base.errors import UserError
+from yolo5l.base.files import atomic_write, file_lock
 from yolo5l.data.coco2yolo import COCO_NAMES, PRESETS
 from yolo5l.data.layout import DATA_YAML, IMG_FORMATS, LIST_SUFFIX, DatasetError, is_image_file, label_cache_path
 from yolo5l.io.download import ARCHIVE_SUFFIXES, Archive, archive_name, fetch_archives, is_url
-from yolo5l.io.files import atomic_write, file_lock
 
 __all__ = [
     "ALL_SPLITS", "PRESET_DOWNLOADS", "SPLITS", "DatasetSpec", "load_dataset_file", "preset_data", "preset_name",

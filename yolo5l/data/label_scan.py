@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo5l.base.files import atomic_open, atomic_write, file_lock, user_cache_dir
 from yolo5l.data.label_check import CORRUPT, EMPTY, MISSING, OK, Verified, empty_labels, verify_image_label
-from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, probe_write, user_cache_dir
-from yolo5l.io.files import atomic_open, atomic_write, file_lock
+from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, probe_write
 
 __all__ = ["CACHE_VERSION", "MAX_SCAN_THREADS", "LabelIndex", "ScanReport", "scan_labels"]
 
@@ -169,7 +169,7 @@ def _load_cache(path: Path, expect_hash: str) -> LabelIndex | None:
 
 
 def _save_cache(path: Path, index: LabelIndex, files_hash: str) -> None:
-    """Write the cache atomically (`yolo5l.io.files.atomic_open`)."""
+    """Write the cache atomically (`yolo5l.base.files.atomic_open`)."""
     r = index.report
     meta = {"version": CACHE_VERSION, "hash": files_hash, "report": r.counts()}
     counts = np.array([len(lb) for lb in index.labels], dtype=np.int64)
@@ -198,7 +198,7 @@ def _save_cache_or_warn(path: Path, index: LabelIndex, files_hash: str, split: s
 
 @contextlib.contextmanager
 def _scan_lock(cache_path: Path, split: str) -> Iterator[None]:
-    """An exclusive lock (`yolo5l.io.files.file_lock`) so that one process per machine builds a cache
+    """An exclusive lock (`yolo5l.base.files.file_lock`) so that one process per machine builds a cache
     while the others (DDP ranks, sweep jobs) wait and then read it. The lock file lives in the user cache and is
     removed by its holder; without a writable user cache (or flock) there is no lock, and the atomic cache write
     keeps concurrent builders correct."""
@@ -275,7 +275,7 @@ def scan_labels(
 
     The cache is rebuilt when the hash of the image and label paths, sizes and mtimes, the class count, or
     :data:`CACHE_VERSION` differ. It is written atomically into ``cache_path``'s folder, or, if that folder
-    is read-only, into :func:`~yolo5l.data.layout.user_cache_dir` ``("labels")``. A lock in the user cache
+    is read-only, into :func:`~yolo5l.base.files.user_cache_dir` ``("labels")``. A lock in the user cache
     lets one process per machine build it while concurrent callers (DDP ranks, sweep jobs) wait and then read
     it. The per-file messages go to a ``.cache.log`` in the user cache (``report.log_path``); nothing but the
     cache is written beside the labels. The bad-input policy is in :mod:`yolo5l.data.label_check`.

@@ -1,4 +1,4 @@
-"""Where dataset files live: image suffixes, the label file of an image, label cache and user cache folders.
+"""Where dataset files live: image suffixes, the label file of an image, and the label cache.
 
 The layout is ultralytics' YOLO format: images under an ``images`` folder, one ``.txt`` label file per image
 under the matching ``labels`` folder (the last ``/images/`` replaced by ``/labels/``), one row per box
@@ -22,7 +22,6 @@ from pathlib import Path
 from yolo5l.base.errors import UserError
 
 __all__ = [
-    "CACHE_DIR_ENV",
     "CACHE_SUFFIX",
     "DATA_YAML",
     "IMAGES_DIR",
@@ -38,7 +37,6 @@ __all__ = [
     "is_image_file",
     "label_cache_path",
     "probe_write",
-    "user_cache_dir",
 ]
 
 # The image file suffixes (lower case, without the dot) every part of yolo5l accepts as images.
@@ -51,8 +49,6 @@ DATA_YAML = "data.yaml"  # the dataset yaml that coco2yolo and the synthetic dat
 LABEL_SUFFIX = ".txt"  # a label file
 LIST_SUFFIX = ".txt"  # a list of image files (a split given as ``train2017.txt``)
 CACHE_SUFFIX = ".cache"
-# Overrides the user cache root (default ``$XDG_CACHE_HOME/yolo5l``, else ``~/.cache/yolo5l``).
-CACHE_DIR_ENV = "YOLO5L_CACHE_DIR"
 
 
 class DatasetError(UserError, ValueError):
@@ -93,24 +89,14 @@ def label_cache_path(image_files: Sequence[str | Path], sources: Sequence[Path] 
         sources: The folders / lists the files came from, if known.
 
     Returns:
-        The cache file path (its folder may be read-only: the label scan then falls back to :func:`user_cache_dir`).
+        The cache file path (its folder may be read-only: the label scan then falls back to
+        :func:`yolo5l.base.files.user_cache_dir`).
     """
     if len(sources) == 1 and Path(sources[0]).suffix == LIST_SUFFIX:
         return Path(sources[0]).with_suffix(CACHE_SUFFIX)
     if not image_files:
         raise DatasetError("label_cache_path: the split has no image files")
     return Path(img2label_path(image_files[0])).parent.with_suffix(CACHE_SUFFIX)
-
-
-def user_cache_dir(kind: str) -> Path:
-    """The per-user cache folder of ``kind`` ("labels", "npy"), used where the dataset's folder is read-only.
-
-    ``$YOLO5L_CACHE_DIR/<kind>``, else ``$XDG_CACHE_HOME/yolo5l/<kind>``, else ``~/.cache/yolo5l/<kind>``.
-    """
-    base = os.environ.get(CACHE_DIR_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yolo5l"
-    )
-    return Path(base) / kind
 
 
 def probe_write(folder: Path) -> None:

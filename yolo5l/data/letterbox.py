@@ -12,9 +12,10 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from yolo5l.base.image_size import MAX_STRIDE
+
 __all__ = [
     "FILL",
-    "MAX_STRIDE",
     "RECT_PAD",
     "letterbox",
     "letterbox_layout",
@@ -24,7 +25,6 @@ __all__ = [
 ]
 
 FILL = 114  # grey used for every border, as in YOLOv5
-MAX_STRIDE = 32  # the model's largest stride: letterboxed and rectangular batch shapes are multiples of it
 RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's val pad)
 
 

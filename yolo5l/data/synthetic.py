@@ -26,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from yolo5l.base.files import file_lock
 from yolo5l.data.box_format import xyxy_to_xywhn
 from yolo5l.data.layout import DATA_YAML, IMAGES_DIR, LABEL_SUFFIX, LABELS_DIR, format_labels
-from yolo5l.io.files import file_lock
 
 __all__ = ["COLORS", "MARKER", "NAMES", "ensure_synthetic", "render_sample"]
 

@@ -1,4 +1,4 @@
-"""Atomic writes of exported folders (files: `yolo5l.io.files.atomic_write`), and the metadata forms ultralytics'
+"""Atomic writes of exported folders (files: `yolo5l.base.files.atomic_write`), and the metadata forms ultralytics'
 loaders read.
 
 ultralytics/yolov5 v7.0 `models/common.py::DetectMultiBackend` reads `stride` and `names` from: ONNX
@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
 
 __all__ = [
     "append_metadata",

@@ -83,11 +83,11 @@ def export_coreml(net: nn.Module, path: Path, meta: dict[str, Any], example: Ten
     """Write `path` (`.mlpackage`).
 
     Args:
-        net: Images -> (B, N, 5 + nc) decoded boxes (`yolo5l.export.DecodedYOLOv5`), fp32 on the CPU.
+        net: Images -> (B, N, 5 + nc) decoded boxes (`yolo5l.exporter.DecodedYOLOv5`), fp32 on the CPU.
         path: The package folder.
         meta: The metadata: names, stride, imgsz, task, ... go to the model's user-defined metadata (JSON strings).
         example: The example input (1, 3, H, W).
-        opt: `yolo5l.export.ExportOptions` (half: fp16 compute; int8: 8-bit weights; nms: the NMS pipeline,
+        opt: `yolo5l.exporter.ExportOptions` (half: fp16 compute; int8: 8-bit weights; nms: the NMS pipeline,
             class-agnostic with agnostic_nms).
 
     Returns:

@@ -19,7 +19,7 @@ class StaticDecoded(nn.Module):
     """`YOLOv5` and its decode for a fixed input size.
 
     Args:
-        model: The detector, prepared with `yolo5l.export.prepare_for_export`.
+        model: The detector, prepared with `yolo5l.exporter.prepare_for_export`.
         height: Input height.
         width: Input width.
         channels_last: Take (B, H, W, 3) input (TFLite's layout) instead of (B, 3, H, W).

@@ -32,7 +32,7 @@ def export_ncnn(net: nn.Module, folder: Path, meta: dict[str, Any], imgsz: int, 
     """Convert `net` (images -> decoded boxes, fp32 on the CPU) to an ncnn model folder.
 
     Args:
-        net: `yolo5l.export.DecodedYOLOv5`.
+        net: `yolo5l.exporter.DecodedYOLOv5`.
         folder: The folder to write.
         meta: The metadata, written as `metadata.yaml`.
         imgsz: The square input size.

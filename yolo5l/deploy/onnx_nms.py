@@ -57,7 +57,7 @@ class EndToEnd(nn.Module):
     """Images -> (boxes, scores, classes, count): a decoded detector with NMS after it.
 
     Args:
-        net: Images -> (B, N, 5 + nc) decoded boxes (`yolo5l.export.DecodedYOLOv5`).
+        net: Images -> (B, N, 5 + nc) decoded boxes (`yolo5l.exporter.DecodedYOLOv5`).
         conf_thres: Score threshold.
         iou_thres: IoU threshold.
         max_det: Detections kept per image (the outputs' second dimension).

@@ -19,9 +19,9 @@ from torch import Tensor
 
 from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
+from yolo5l.base.files import atomic_write
 from yolo5l.deploy._io import write_yaml
 from yolo5l.deploy.formats import require_extra
-from yolo5l.io.files import atomic_write
 
 __all__ = ["CalibrationBatches", "check_cuda", "export_engine", "load_engine"]
 
@@ -105,7 +105,7 @@ def export_engine(
         path: The `.engine` file.
         meta: The metadata.
         example: The example input (its shape is the engine's, or the profile's largest when dynamic).
-        opt: `yolo5l.export.ExportOptions` (half, dynamic, workspace).
+        opt: `yolo5l.exporter.ExportOptions` (half, dynamic, workspace).
         calibration: int8 calibration inputs; None for floating point.
 
     Returns:

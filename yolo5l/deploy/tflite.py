@@ -26,10 +26,10 @@ from torch import Tensor
 
 from yolo5l.base.console import library_output
 from yolo5l.base.errors import UserError
+from yolo5l.base.files import atomic_write
 from yolo5l.deploy._io import append_metadata, read_appended_metadata
 from yolo5l.deploy.formats import require_extra
 from yolo5l.deploy.graph import StaticDecoded
-from yolo5l.io.files import atomic_write
 from yolo5l.models.yolo import YOLOv5
 
 __all__ = ["convert_tflite", "export_tflite", "load_tflite", "quantize_tflite"]
@@ -62,7 +62,7 @@ def _fp16_recipe() -> list[dict[str, Any]]:
 
 
 def convert_tflite(model: YOLOv5, batch: int, imgsz: int) -> bytes:
-    """The fp32 `.tflite` flatbuffer of `model` (prepared with `yolo5l.export.prepare_for_export`, fp32, CPU)."""
+    """The fp32 `.tflite` flatbuffer of `model` (prepared with `yolo5l.exporter.prepare_for_export`, fp32, CPU)."""
     (litert_torch,) = require_extra("format=tflite", "litert_torch", extra="tflite")
     graph = StaticDecoded(model, imgsz, imgsz, channels_last=True, normalized=True).eval()
     example = torch.rand(batch, imgsz, imgsz, 3, generator=torch.Generator().manual_seed(0))
@@ -108,7 +108,7 @@ def export_tflite(
     """Write a `.tflite` file (:func:`convert_tflite`, then :func:`quantize_tflite` for fp16 or int8).
 
     Args:
-        model: The detector, prepared with `yolo5l.export.prepare_for_export` (on the CPU, fp32).
+        model: The detector, prepared with `yolo5l.exporter.prepare_for_export` (on the CPU, fp32).
         path: The file.
         meta: The metadata, appended to the file as v7.0 appends it.
         batch: The file's batch size.

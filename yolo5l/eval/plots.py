@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from yolo5l.base.files import atomic_open
 from yolo5l.eval.per_class import PerClassResults
 from yolo5l.infer.annotate import draw_batch, save_rgb
-from yolo5l.io.files import atomic_open
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

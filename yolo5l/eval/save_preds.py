@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from yolo5l.base.errors import UserError
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
 
 __all__ = [
     "CocoIds",

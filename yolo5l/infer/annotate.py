@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import cv2
 import numpy as np
 
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -24,9 +24,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from yolo5l.base.files import atomic_write
 from yolo5l.infer.annotate import crop_box, draw_detections, encode_jpeg
 from yolo5l.infer.sources import Frame
-from yolo5l.io.files import atomic_write
 
 __all__ = ["PredictOutputs"]
 

@@ -1,2 +1,1 @@
-"""Files in and out: atomic writes and the one lock, weights (yolo5l's and ultralytics'), safe unpickling,
-downloads and archives, the model a run starts from, hyp files."""
+"""Files in and out: downloads and archives, safe unpickling, hyp files, v7.0's old target format."""

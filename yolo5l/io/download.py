@@ -2,7 +2,7 @@
 
 - :func:`download` writes ``<dest folder>/.<name>.part``, resumes a dropped connection with an HTTP ``Range``
   request, checks the size (the server's ``Content-Length`` and the expected size, if given) and the sha256 (if
-  given), then renames the file to ``dest``. A ``<dest>.lock`` file (:func:`yolo5l.io.files.file_lock`) makes DDP
+  given), then renames the file to ``dest``. A ``<dest>.lock`` file (:func:`yolo5l.base.files.file_lock`) makes DDP
   ranks and concurrent runs transfer it once: the second process waits, then finds the file.
 - :func:`extract` refuses archives with absolute, ``..``, link or device members before writing anything, unpacks
   into a temporary folder beside the target and renames each top-level entry into place.
@@ -36,9 +36,9 @@ from typing import IO, Any
 
 from yolo5l.base.console import info, is_rank_zero
 from yolo5l.base.errors import UserError
+from yolo5l.base.files import file_lock
 from yolo5l.io.archive import extract
 from yolo5l.io.archive import failure_reason as _reason
-from yolo5l.io.files import file_lock
 
 __all__ = [
     "ARCHIVE_SUFFIXES",

@@ -21,7 +21,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.base.errors import UserError
-from yolo5l.io.files import atomic_write
+from yolo5l.base.files import atomic_write
 
 __all__ = ["HYP_FILE_KEY", "apply_hyp_file", "hyp_file_argv", "read_hyp_file"]
 

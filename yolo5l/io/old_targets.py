@@ -3,7 +3,7 @@
 yolo5l 0.2 put the package's modules in rooms (`yolo5l.loss` is now `yolo5l.training.loss`, ...).
 - A training checkpoint keeps its run's config, and `resume=` builds that config again, so a `last.ckpt` written
   before the move names modules that are no longer there. `current_targets` renames them when the checkpoint is read
-  (`yolo5l.callbacks.checkpoint.read_resume_state`); a config of today passes unchanged.
+  (`yolo5l.resume.read_resume_state`); a config of today passes unchanged.
 - Code written against 0.1 (`from yolo5l.loss import YOLOv5Loss`) gets a `ModuleNotFoundError` that names the module's
   place now (`MovedModuleFinder`, installed by `import yolo5l`). The public names (`from yolo5l import YOLOv5Loss`)
   did not move.
@@ -25,13 +25,13 @@ MOVED = {
     "yolo5l.hardware": "yolo5l.base.hardware",
     "yolo5l.hostmem": "yolo5l.base.hostmem",
     "yolo5l.resolvers": "yolo5l.base.resolvers",
-    "yolo5l.files": "yolo5l.io.files",
-    "yolo5l.weights": "yolo5l.io.weights",
+    "yolo5l.files": "yolo5l.base.files",
+    "yolo5l.weights": "yolo5l.models.weights",
     "yolo5l.safe_pickle": "yolo5l.io.safe_pickle",
-    "yolo5l.ultralytics_pt": "yolo5l.io.ultralytics_pt",
+    "yolo5l.ultralytics_pt": "yolo5l.models.ultralytics_pt",
     "yolo5l.download": "yolo5l.io.download",
     "yolo5l.archive": "yolo5l.io.archive",
-    "yolo5l.model_source": "yolo5l.io.model_source",
+    "yolo5l.model_source": "yolo5l.models.model_source",
     "yolo5l.hyp_file": "yolo5l.io.hyp_file",
     "yolo5l.module": "yolo5l.training.module",
     "yolo5l.loss": "yolo5l.training.loss",
@@ -40,8 +40,7 @@ MOVED = {
     "yolo5l.autoanchor": "yolo5l.training.autoanchor",
     "yolo5l.amp_check": "yolo5l.training.amp_check",
     "yolo5l.batch_search": "yolo5l.training.batch_search",
-    "yolo5l.best_fitness": "yolo5l.training.best_fitness",
-    "yolo5l.final_val": "yolo5l.training.final_val",
+    "yolo5l.best_fitness": "yolo5l.eval.best_fitness",
     "yolo5l.boxes": "yolo5l.infer.boxes",
     "yolo5l.tta": "yolo5l.infer.tta",
     "yolo5l.annotate": "yolo5l.infer.annotate",
@@ -57,7 +56,14 @@ MOVED = {
     "yolo5l.exported": "yolo5l.deploy.exported",
     "yolo5l.loggers": "yolo5l.tracking.loggers",
     "yolo5l.tracking": "yolo5l.tracking.trackers",
-    "yolo5l.search": "yolo5l.tracking.search",
+    # moved within 0.2, when each folder became one floor (docs/design.md)
+    "yolo5l.io.files": "yolo5l.base.files",
+    "yolo5l.io.weights": "yolo5l.models.weights",
+    "yolo5l.io.ultralytics_pt": "yolo5l.models.ultralytics_pt",
+    "yolo5l.io.model_source": "yolo5l.models.model_source",
+    "yolo5l.training.best_fitness": "yolo5l.eval.best_fitness",
+    "yolo5l.training.final_val": "yolo5l.final_val",
+    "yolo5l.tracking.search": "yolo5l.search",
 }
 
 
@@ -67,7 +73,7 @@ def current_target(target: str) -> str:
     `yolo5l.tracking` was a module and is a package now: a name inside it that is one of the package's modules
     (`yolo5l.tracking.loggers.EpochCSVLogger`) is today's and stays.
     """
-    for old, new in MOVED.items():
+    for old, new in sorted(MOVED.items(), key=lambda item: -len(item[0])):  # the longest name first
         if target.startswith(old + "."):
             first = target[len(old) + 1 :].split(".")[0]
             if _exists(old) and _exists(f"{old}.{first}"):

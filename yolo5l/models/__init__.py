@@ -1,4 +1,5 @@
-"""YOLOv5 v7.0 model family: building blocks (``common``) and the detector (``yolo``)."""
+"""YOLOv5 v7.0 model family: building blocks (``common``), the detector (``yolo``), and the weights files that
+build one (yolo5l's and ultralytics', ``weights``; the model a run starts from, ``model_source``)."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
-"""Watching runs: the per-epoch CSV logger, MLflow / W&B set-up and artifacts, and the hyperparameter search's
-Hydra callback."""
+"""Watching runs: the per-epoch CSV logger, TensorBoard's extras, MLflow / W&B / Comet / ClearML set-up and
+artifacts, and evolve's files (evolve.csv, evolve.png)."""

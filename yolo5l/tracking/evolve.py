@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from yolo5l.io.files import atomic_write, file_lock
+from yolo5l.base.files import atomic_write, file_lock
 from yolo5l.tracking.loggers import RESULTS_COLUMNS
 
 __all__ = ["METRIC_COLUMNS", "append_generation", "evolve_fitness", "plot_evolve", "read_evolve_csv"]

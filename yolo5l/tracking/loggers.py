@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from yolo5l.io.files import atomic_open, atomic_write
+from yolo5l.base.files import atomic_open, atomic_write
 
 #: Columns always present, in this order; anything else logged follows, sorted.
 CORE_COLUMNS = (

@@ -1,4 +1,4 @@
-"""Experiment tracking on Lightning's own loggers (the hyperparameter search is `yolo5l.tracking.search`).
+"""Experiment tracking on Lightning's own loggers (the hyperparameter search is `yolo5l.search`).
 
 - `instantiate_entries` builds `train.build`'s callbacks and loggers (`logger=mlflow`, `logger=[tensorboard,comet]`).
   A tracker whose optional extra is not installed is a one-line `UserError` naming the extra; one whose server cannot
@@ -29,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from yolo5l.base.console import warn
 from yolo5l.base.errors import UserError
+from yolo5l.eval.best_fitness import run_fitness
 from yolo5l.infer.annotate import encode_jpeg
-from yolo5l.training.best_fitness import run_fitness
 
 __all__ = [
     "EXTRAS",

@@ -30,9 +30,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import Metric
 
 from yolo5l.data.image_weights import class_maps
+from yolo5l.eval.best_fitness import BestFitness, checkpoint_best
 from yolo5l.eval.stage_times import INFERENCE, NMS
 from yolo5l.infer.boxes import labels_to_original, non_max_suppression, to_original
-from yolo5l.training.best_fitness import BestFitness, checkpoint_best
 from yolo5l.training.divergence import LossGrowth, TrainingDiverged, describe_state, diverged, state_problem
 from yolo5l.training.optim import (
     OPTIMIZER_IMPLS,

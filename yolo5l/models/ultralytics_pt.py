@@ -2,7 +2,7 @@
 
 The file is a pickle of a dict (``model``, ``ema``, ``opt``, ... as v7.0's ``train.py`` saves it) whose models are
 ``models.yolo.DetectionModel`` objects; here they are inert stand-ins whose ``__dict__`` is read as
-``nn.Module.state_dict`` would walk it. :func:`yolo5l.io.weights.load_ultralytics` builds the model from what these
+``nn.Module.state_dict`` would walk it. :func:`yolo5l.models.weights.load_ultralytics` builds the model from what these
 functions find: the model (EMA first), its yaml, its tensors, its class names and the training size.
 
 Reference: ultralytics/yolov5 v7.0 ``models/experimental.py::attempt_load`` (``ckpt.get('ema') or ckpt['model']``),
@@ -100,7 +100,7 @@ def find_model(ckpt: Any, path: str) -> StandIn:
     if isinstance(ckpt, Mapping):
         if "model_config" in ckpt and "state_dict" in ckpt:
             raise ValueError(
-                f"{path}: a yolo5l checkpoint, not an ultralytics one; use yolo5l.io.weights.load_checkpoint"
+                f"{path}: a yolo5l checkpoint, not an ultralytics one; use yolo5l.models.weights.load_checkpoint"
             )
         # Like yolov5's attempt_load: the EMA weights when present (training checkpoints), else `model`.
         for key in ("ema", "model"):

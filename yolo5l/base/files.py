@@ -1,4 +1,4 @@
-"""Files that appear whole or not at all, and the one lock between processes.
+"""Files that appear whole or not at all, the one lock between processes, and the user cache folder.
 
 - `atomic_open(path, mode)`: a file object on a temporary file beside `path` (same folder, so the same filesystem);
   when the block ends without an error the file is flushed (and with `fsync=True` synced to the disk) and renamed
@@ -24,7 +24,10 @@ from typing import IO, Any
 
 from yolo5l.base.console import info
 
-__all__ = ["atomic_open", "atomic_write", "file_lock"]
+__all__ = ["CACHE_DIR_ENV", "atomic_open", "atomic_write", "file_lock", "user_cache_dir"]
+
+#: Overrides the user cache root (default ``$XDG_CACHE_HOME/yolo5l``, else ``~/.cache/yolo5l``).
+CACHE_DIR_ENV = "YOLO5L_CACHE_DIR"
 
 
 def _umask() -> int:
@@ -104,3 +107,14 @@ def file_lock(path: str | os.PathLike[str], what: str = "") -> Iterator[None]:
                     path.unlink()  # while held: whoever locks the removed file next tries the current one
         finally:
             lock.release()
+
+
+def user_cache_dir(kind: str) -> Path:
+    """The per-user cache folder of ``kind`` ("labels", "npy"), used where the dataset's folder is read-only.
+
+    ``$YOLO5L_CACHE_DIR/<kind>``, else ``$XDG_CACHE_HOME/yolo5l/<kind>``, else ``~/.cache/yolo5l/<kind>``.
+    """
+    base = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "yolo5l"
+    )
+    return Path(base) / kind

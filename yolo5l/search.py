@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from yolo5l.base.console import fail, print_outputs
 from yolo5l.base.errors import UserError, shown_path
+from yolo5l.base.files import atomic_write
 from yolo5l.callbacks.sweep import read_summary
-from yolo5l.io.files import atomic_write
 from yolo5l.tracking.evolve import plot_evolve
 
 __all__ = ["SearchCallback", "write_best_hyp"]

@@ -22,8 +22,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.base.errors import UserError
+from yolo5l.base.image_size import MAX_STRIDE, check_image_size
 
-__all__ = ["build_model", "check_stride", "command_line_overrides", "fit_to_stride"]
+__all__ = ["build_model", "check_stride", "command_line_overrides"]
 
 _ARCH_KEYS = ("depth", "width", "cfg")
 
@@ -73,35 +74,11 @@ def _record(cfg: DictConfig, model: Any) -> None:
 
 
 def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
-    """Refuse an image size that is not a multiple of the model's largest stride; returns that stride.
-
-    Raises:
-        UserError: One line naming ``key``, the stride and the nearest sizes that work.
-    """
-    stride = max(int(model.stride.max()), 32)
-    if int(imgsz) % stride:
-        lower, upper = int(imgsz) // stride * stride, -(-int(imgsz) // stride) * stride
-        fits = f"{lower} or {upper}" if lower else str(upper)
-        raise UserError(
-            f"{key}={imgsz} is not a multiple of {stride}, the largest stride of {model.describe()}: try {fits}"
-        )
+    """Refuse an image size that is not a multiple of the model's largest stride
+    (`yolo5l.base.image_size.check_image_size`); returns that stride."""
+    stride = max(int(model.stride.max()), MAX_STRIDE)
+    check_image_size(imgsz, stride, key, of=model.describe())
     return stride
-
-
-def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz") -> int:
-    """An image size rounded up to a multiple of ``stride`` (at least 32), with one warning line naming the new size
-    when it changes: what `val` and `predict` do, as v7.0's val.py and detect.py do (training refuses instead,
-    `check_stride`).
-
-    Reference: ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
-    """
-    from yolo5l.base.console import warn
-
-    stride = max(int(stride), 32)
-    fitted = -(-int(imgsz) // stride) * stride
-    if fitted != int(imgsz):
-        warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
-    return fitted
 
 
 def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | None = None) -> tuple[Any, Any]:
@@ -114,7 +91,7 @@ def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | No
         overrides: Command-line overrides (default: this Hydra run's, :func:`command_line_overrides`).
 
     Returns:
-        ``(model, info)``: ``info`` is the :class:`~yolo5l.io.weights.LoadInfo` of the weights, None from scratch.
+        ``(model, info)``: ``info`` is the :class:`~yolo5l.models.weights.LoadInfo` of the weights, None from scratch.
 
     Raises:
         UserError: A model yaml or weights file that cannot be built, or a typed ``model`` override that asks for
@@ -146,7 +123,7 @@ def _instantiate(node: DictConfig, num_classes: int, kwargs: Any) -> Any:
 
 
 def _from_weights(cfg: DictConfig, num_classes: int, typed: dict[str, str]) -> tuple[Any, Any]:
-    from yolo5l.io.weights import load_weights, resolve_weights
+    from yolo5l.models.weights import load_weights, resolve_weights
 
     kwargs = {k: bool(cfg.model[k]) for k in ("fused_upsample", "fused_bn_act") if k in cfg.model}
     if "anchors" in typed and cfg.model.get("anchors") is not None:

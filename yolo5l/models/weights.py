@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 
 from yolo5l.base.errors import UserError
-from yolo5l.io import ultralytics_pt as ult
+from yolo5l.base.files import atomic_open
 from yolo5l.io.archive import archive_damage
-from yolo5l.io.files import atomic_open
 from yolo5l.io.safe_pickle import UnsafeCheckpointError, restricted_pickle
+from yolo5l.models import ultralytics_pt as ult
 from yolo5l.models.yolo import YOLOv5
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class LoadInfo:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Reading an ultralytics checkpoint (the pickle itself: yolo5l.io.ultralytics_pt)
+# Reading an ultralytics checkpoint (the pickle itself: yolo5l.models.ultralytics_pt)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -215,7 +215,7 @@ class _KeepWriteError:
 
 
 def atomic_save(obj: Any, path: str | os.PathLike[str]) -> pathlib.Path:
-    """``torch.save`` through ``yolo5l.io.files.atomic_open`` (fsync before the rename).
+    """``torch.save`` through ``yolo5l.base.files.atomic_open`` (fsync before the rename).
 
     An interrupted write (crash, full disk, kill) leaves the previous file whole: ``os.replace`` is atomic within
     one filesystem on POSIX and Windows.
@@ -325,7 +325,7 @@ def load_checkpoint(
     except pickle.UnpicklingError:
         raise _NotYolo5lCheckpoint(
             f"{p}: not a yolo5l checkpoint (it needs more than weights to unpickle); for an ultralytics .pt use "
-            "yolo5l.io.weights.load_ultralytics or `python -m yolo5l.convert`"
+            "yolo5l.models.weights.load_ultralytics or `python -m yolo5l.convert`"
         ) from None
     except (EOFError, RuntimeError, ValueError) as e:
         raise _NotYolo5lCheckpoint(f"{p}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
@@ -362,7 +362,7 @@ def _from_training_checkpoint(ckpt: Mapping[str, Any], path: str) -> dict[str, A
     names = (ckpt.get("hyper_parameters") or {}).get("names")
     if not isinstance(run, Mapping) or not names:
         raise ValueError(f"{path}: a training checkpoint without yolo5l's run config: use the run's weights.pt")
-    model = run.get("model_built") or run["model"]  # what was built (yolo5l.io.model_source), else what was asked
+    model = run.get("model_built") or run["model"]  # what was built (yolo5l.models.model_source), else what was asked
     imgsz = _resolved_imgsz(run)
     return {
         "data": _run_data_file(run.get("data") or {}),
@@ -430,13 +430,13 @@ def resolve_weights(name_or_url: str | os.PathLike[str]) -> pathlib.Path:
 
     A URL, or ``yolov5{n,s,m,l,x}.pt`` with no such file in the current folder (the ultralytics v7.0 release asset,
     see :func:`yolo5l.io.download.weights_url`), is fetched into ``<user cache>/weights/<host>/<url path>`` (see
-    :func:`yolo5l.data.layout.user_cache_dir`); later runs find it there. The file is read by the loaders as any
+    :func:`yolo5l.base.files.user_cache_dir`); later runs find it there. The file is read by the loaders as any
     other, through the restricted unpickler.
 
     Raises:
         UserError: The download failed (the message names the URL and where to put the file by hand).
     """
-    from yolo5l.data.layout import user_cache_dir
+    from yolo5l.base.files import user_cache_dir
     from yolo5l.io.download import download, url_cache_path, weights_url
 
     url = weights_url(name_or_url)

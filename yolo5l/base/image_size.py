@@ -1,0 +1,53 @@
+"""Image sizes and the model's stride, one owner for all of it: a training image size is a positive multiple of the
+model's largest stride (32 for YOLOv5's P5 models, 64 for P6), the one-line refusal of one that is not, and the
+rounding up that val and predict do instead, as ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
+"""
+
+from __future__ import annotations
+
+from yolo5l.base.errors import UserError
+
+__all__ = ["MAX_STRIDE", "ImageSizeError", "check_image_size", "fit_to_stride"]
+
+MAX_STRIDE = 32  # the largest stride of YOLOv5's P5 heads: letterboxed and rectangular batch shapes are multiples of it
+
+
+class ImageSizeError(UserError, ValueError):
+    """An image size that is not a positive multiple of the stride; the message names the key and sizes that work."""
+
+
+def check_image_size(imgsz: int, stride: int = MAX_STRIDE, key: str = "data.imgsz", of: str = "") -> int:
+    """Refuse an image size that is not a positive multiple of ``stride``; returns it.
+
+    Args:
+        imgsz: the size, in pixels.
+        stride: the model's largest stride.
+        key: the option that gave it, for the message.
+        of: what the stride belongs to, for the message (``"yolov5s6: ..."``; empty: YOLOv5's).
+
+    Raises:
+        ImageSizeError: One line naming ``key``, the stride and the nearest sizes that work.
+    """
+    imgsz, stride = int(imgsz), int(stride)
+    if imgsz > 0 and imgsz % stride == 0:
+        return imgsz
+    lower, upper = imgsz // stride * stride, max(stride, -(-imgsz // stride) * stride)
+    fits = f"{lower} or {upper}" if lower > 0 and lower != upper else str(upper)
+    whose = f" of {of}" if of else ""
+    raise ImageSizeError(f"{key}={imgsz} is not a positive multiple of {stride}, the largest stride{whose}: try {fits}")
+
+
+def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz") -> int:
+    """An image size rounded up to a multiple of ``stride`` (at least 32), with one warning line naming the new size
+    when it changes: what `val` and `predict` do, as v7.0's val.py and detect.py do (training refuses instead,
+    `check_image_size`).
+
+    Reference: ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
+    """
+    from yolo5l.base.console import warn
+
+    stride = max(int(stride), MAX_STRIDE)
+    fitted = -(-int(imgsz) // stride) * stride
+    if fitted != int(imgsz):
+        warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
+    return fitted
