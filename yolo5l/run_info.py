@@ -409,9 +409,10 @@ def report_outputs(trainer: Any, module: Any, output_dir: Path, wall: float, swe
     """The closing block of a training run: the best and last validation rows, and where its outputs are (the
     weights leave the run also without a checkpoint callback); the sweep's summary in a multirun."""
     from yolo5l.base.console import print_outputs
+    from yolo5l.base.run_files import checkpoint_dir
     from yolo5l.callbacks.val_summary import ValidationSummary, format_row
 
-    ckpt_dir = next((Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)), None)
+    ckpt_dir = checkpoint_dir(trainer)
     if ckpt_dir is None:  # no LastCheckpoint (callbacks=none): the weights still leave the run
         from yolo5l.models.weights import save_weights
 

@@ -48,7 +48,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from yolo5l.base.errors import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_USAGE, shown_path
-from yolo5l.training.divergence import last_checkpoint
+from yolo5l.base.run_files import last_checkpoint
 
 __all__ = ["LostRankWatch", "RankLost", "collective_failure", "lost_rank_message", "raise_if_rank_lost"]
 

@@ -72,6 +72,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 from yolo5l.base.errors import shown_path
+from yolo5l.base.run_files import last_checkpoint
 from yolo5l.callbacks.checkpoint import LastCheckpoint, stop_on_write_error
 from yolo5l.callbacks.lost_rank import RankLost, collective_failure, lost_rank_message
 
@@ -300,10 +301,9 @@ class PreemptionCheckpoint(Checkpoint):
     def _last_path(self, trainer: pl.Trainer) -> str:
         if self.folder is not None:
             return os.path.join(self.folder, "last.ckpt")
-        last = self._last_checkpoint(trainer)
-        if last is not None and last.dirpath:
-            return last.last_path
-        return os.path.join(trainer.default_root_dir, "checkpoints", "last.ckpt")
+        return last_checkpoint(trainer, must_exist=False) or os.path.join(
+            trainer.default_root_dir, "checkpoints", "last.ckpt"
+        )
 
     def _exit(self, trainer: pl.Trainer, where: str, path: str) -> None:
         signum = self._agreed or int(signal.SIGTERM)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from yolo5l.base.console import warn
 from yolo5l.base.errors import UserError
+from yolo5l.base.run_files import checkpoint_dir
 from yolo5l.eval.best_fitness import run_fitness
 from yolo5l.infer.annotate import encode_jpeg
 
@@ -299,8 +300,8 @@ def run_files(trainer: Any, output_dir: Path) -> list[tuple[Path, str]]:
     The weights are LastCheckpoint's `checkpoints/weights.pt` (`<run>/weights.pt` when no checkpoint callback ran),
     logged under the folder they are in; the tables go to the artifact root.
     """
-    ckpt_dirs = [Path(cb.dirpath) for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
-    weights = next((d / "weights.pt" for d in [*ckpt_dirs, output_dir] if (d / "weights.pt").is_file()), None)
+    folders = [d for d in (checkpoint_dir(trainer), output_dir) if d is not None]
+    weights = next((d / "weights.pt" for d in folders if (d / "weights.pt").is_file()), None)
     found = [] if weights is None else [(weights, "" if weights.parent == output_dir else weights.parent.name)]
     csv = next((Path(lg.path) for lg in trainer.loggers if hasattr(lg, "history")), output_dir / "metrics.csv")
     tables = [csv, *(output_dir / name for name in RUN_TABLES)]

@@ -19,7 +19,6 @@ likely cause and the last checkpoint to resume from with a lower `hyp.lr0` (`res
 from __future__ import annotations
 
 import math
-import os
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor
 
 from yolo5l.base.errors import EXIT_DIVERGED, shown_path
+from yolo5l.base.run_files import last_checkpoint
 
 __all__ = ["MIN_GROWTH_BATCHES", "LossGrowth", "TrainingDiverged", "diverged", "first_non_finite", "state_problem"]
 
@@ -166,15 +166,3 @@ def diverged(trainer: Any, lr0: float | None, what: str) -> TrainingDiverged:
     if getattr(trainer, "is_global_zero", True):
         print(f"\n{message}", file=sys.stderr, flush=True)
     return TrainingDiverged(message)
-
-
-def last_checkpoint(trainer: Any) -> str | None:
-    """The `last.ckpt` of the run's checkpoint callback (`LastCheckpoint.last_path`) when it exists (whole: every
-    write is atomic), for the lines that name a run's resume point. Every checkpoint written is finite (the checks
-    run before each epoch's save, and non-finite tensors are never written), though one written early in a run whose
-    rate was far too high may hold weights already too damaged to recover."""
-    for cb in getattr(trainer, "checkpoint_callbacks", []):
-        path = getattr(cb, "last_path", None) if getattr(cb, "dirpath", None) else None
-        if path and os.path.isfile(path):
-            return path
-    return None
