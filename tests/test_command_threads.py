@@ -196,9 +196,10 @@ def test_predict_beside_a_busy_process_runs_at_fewer_threads(free_cores, tiny, t
 
 def test_export_checks_its_file_at_the_free_cores(free_cores, tiny, tmp_path, monkeypatch, capsys):
     import yolo5l.export as export
+    import yolo5l.exporter as exporter
 
     free_cores.free = 0.9
-    seen = _threads_at(monkeypatch, "load_exported", export)  # the file's run against PyTorch follows its load
+    seen = _threads_at(monkeypatch, "load_exported", exporter)  # the file's run against PyTorch follows its load
     out = tmp_path / "w.torchscript"
     cfg = compose_config([f"weights={tiny['weights']}", f"output={out}", "format=torchscript", "device=cpu"],
                          "export", tmp_path / "run")  # fmt: skip
