@@ -55,7 +55,7 @@ class TensorBoardLogger(_LightningTensorBoardLogger):
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")  # the tracer's warnings about Python values in forward
                 # Traced here rather than by add_graph, which prints a failure's message before raising it.
-                traced = torch.jit.trace(clone, image, strict=False)
+                traced = torch.jit.trace(clone, image, strict=False, check_trace=False)  # a picture: one run, not three
                 self.experiment.add_graph(traced, [])  # a traced module is kept as it is
         except Exception as e:  # the graph is a picture: a model that does not trace still trains
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
