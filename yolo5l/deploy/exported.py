@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolo5l.base.errors import UserError
+from yolo5l.base.image_size import MAX_STRIDE
 from yolo5l.deploy.formats import find_format
 from yolo5l.deploy.formats import require_extra as _require_extra
 from yolo5l.deploy.onnx_nms import OUTPUT_NAMES, as_decoded
@@ -48,7 +49,7 @@ __all__ = [
 EXPORT_FORMATS = {".onnx": "onnx", ".torchscript": "torchscript", ".tflite": "tflite", ".engine": "engine"}
 EXTRA_HINT = 'pip install -e ".[export]"'
 _PAD = 114 / 255  # the letterbox grey (yolo5l.data.augment.letterbox), on the model's [0, 1] scale
-_DEFAULT_IMGSZ, _DEFAULT_STRIDE = 640, 32
+_DEFAULT_IMGSZ, _DEFAULT_STRIDE = 640, MAX_STRIDE  # a file without metadata: a P5 model at 640
 
 
 def export_format(path: str | os.PathLike[str]) -> str | None:
