@@ -114,6 +114,7 @@ def test_the_command_line_ends_after_threads_and_atexit_handlers_without_the_tea
         assert done.stdout.splitlines() == lines + more, full
 
 
+@pytest.mark.heavy  # whole commands: CI runs it (make test-ci), `make test` stays light
 def test_a_command_ends_alike_through_the_interpreters_whole_teardown(tmp_path):
     """The teardown the command line leaves out has nothing left to do or to report: with `YOLO5L_FULL_SHUTDOWN=1`
     a command prints the same and ends the same, with no "leaked" lines (export imports onnx, whose nanobind bindings

@@ -82,6 +82,7 @@ def test_lr0_run_stops_at_the_first_non_finite_validation(tmp_path, synthetic):
     assert not _files_with_non_finite_tensors(run)
 
 
+@pytest.mark.heavy  # a run until it diverges: CI runs it (make test-ci), `make test` stays light
 def test_exploding_loss_stops_the_lr0_run(tmp_path, synthetic):
     """Validation off: the loss stays finite but its epoch-1 mean is thousands of times epoch 0's. The rule stops the
     run at the end of epoch 1 (before its last.ckpt), naming epoch 0's last.ckpt and the resume= command, which is

@@ -153,6 +153,7 @@ def uninterrupted(tmp_path_factory, synthetic):
         proc.communicate()
 
 
+@pytest.mark.heavy  # three runs: CI runs it (make test-ci), `make test` stays light
 def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, synthetic, uninterrupted):
     """SIGTERM during batch 1 of epoch 0 (it steps): last.ckpt at that batch's end, exit 143 and the resume line. The
     resumed run gets SIGUSR1 during batch 2 (an accumulation micro-batch, and batch 3 ends the epoch with its
@@ -193,6 +194,7 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
     _assert_same_training_state(uninterrupted(), _load(last))
 
 
+@pytest.mark.heavy  # two runs: CI runs it (make test-ci), `make test` stays light
 def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthetic, uninterrupted):
     """SLURM signals every process of the job step: SIGUSR1 to the whole group, 2 persistent DataLoader workers
     included (its default action would kill them, and the run with them). The run stops at the step as a lone
@@ -213,6 +215,7 @@ def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthet
     _assert_same_training_state(uninterrupted(), _load(last))
 
 
+@pytest.mark.heavy  # three runs: CI runs it (make test-ci), `make test` stays light
 def test_device_pipeline_preempted_and_resumed_ends_as_its_uninterrupted_run(tmp_path, synthetic):
     """The device input path makes each batch one ahead of the step: a run stopped by SIGTERM inside an epoch (the
     batch made ahead never trained) and resumed with its 2 workers ends bit-identical to the same run never stopped."""

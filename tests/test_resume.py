@@ -25,6 +25,7 @@ def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.heavy  # five training commands in one scenario: CI runs it (make test-ci), `make test` stays light
 def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_path):
     data = f"data.synthetic.root={tmp_path / 'synthetic'}"
     r = _train(

@@ -117,6 +117,7 @@ def test_damaged_files_are_named_in_one_line_at_every_entry_point(tmp_path):
         assert "is damaged" in lines[0], lines[0]  # resume and the weights loaders check the archive alike
 
 
+@pytest.mark.heavy  # two runs: CI runs it (make test-ci), `make test` stays light
 def test_a_refused_checkpoint_write_stops_the_run_and_keeps_the_previous_last_ckpt(tmp_path):
     """Epoch 0 writes last.ckpt; the run resumed for one more epoch under a 10 MB file-size limit cannot write its
     21 MB last.ckpt: one line naming the folder and the space needed, exit code 2, the previous file byte-identical
