@@ -29,20 +29,26 @@ RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's va
 
 
 def resized_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
-    """(h, w) after resizing so that the long side equals ``imgsz`` (aspect kept, at least 1 px)."""
+    """(h, w) after resizing by ``r = imgsz / max(h0, w0)``: each side ``int(side * r)``, truncated, at least 1 px.
+
+    The long side is ``imgsz``, or ``imgsz - 1`` where the float product ``side * (imgsz / side)`` falls just short
+    of it (77 px to 640 gives 639). Reference: ultralytics/yolov5 v7.0
+    utils/dataloaders.py::LoadImagesAndLabels.load_image (``int(w0 * r), int(h0 * r)``).
+    """
     r = imgsz / max(h0, w0)
     if r == 1:
         return int(h0), int(w0)
-    return max(1, round(h0 * r)), max(1, round(w0 * r))
+    return max(1, int(h0 * r)), max(1, int(w0 * r))
 
 
 def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
-    """Resize so the long side equals ``imgsz``: INTER_LINEAR when augmenting or upscaling, else INTER_AREA."""
+    """Resize to :func:`resized_shape`: INTER_LINEAR when augmenting or enlarging (``imgsz`` above the long side),
+    else INTER_AREA."""
     h0, w0 = img.shape[:2]
     h, w = resized_shape(h0, w0, imgsz)
     if (h, w) == (h0, w0):
         return img
-    interp = cv2.INTER_LINEAR if (augment or h > h0) else cv2.INTER_AREA
+    interp = cv2.INTER_LINEAR if (augment or imgsz > max(h0, w0)) else cv2.INTER_AREA
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
