@@ -197,6 +197,21 @@ def test_resized_shape_truncates_as_v7(h0, w0, imgsz, want):
     assert lbx.resize_long_side(img, imgsz, augment=False).shape[:2] == want
 
 
+def test_letterbox_returns_v7s_unrounded_pad():
+    """An odd total padding: the borders split it 29 + 30 and the pad returned is v7.0's 29.5 (labels and the box
+    rescaling use it), the ratio v7.0's (r, r)."""
+    img = np.zeros((101, 100, 3), np.uint8)
+    out, ratio, pad = lbx.letterbox(img, 160, scaleup=False)
+    assert (out[:29] == lbx.FILL).all()
+    assert (out[29:130, 30:130] == 0).all()
+    assert (out[130:] == lbx.FILL).all()
+    assert ratio == (1.0, 1.0)
+    assert pad == (30.0, 29.5)
+    _, ratio, pad = lbx.letterbox(np.zeros((50, 75, 3), np.uint8), (64, 96))
+    assert ratio == (1.28, 1.28)
+    assert pad == (0.0, 0.0)
+
+
 def test_rect_batch_shapes_hand_values():
     shapes = np.array([[100, 200], [200, 100], [150, 150]])  # h/w = 0.5, 2, 1
     order, bs = lbx.rect_batch_shapes(shapes, batch_size=2, imgsz=320)
