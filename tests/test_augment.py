@@ -179,6 +179,39 @@ def test_letterbox_shapes_round_trip(shape, target):
     assert rw <= 1
 
 
+@pytest.mark.parametrize(
+    ("h0", "w0", "imgsz", "want"),
+    [
+        (100, 300, 128, (42, 128)),  # 42.67: round() would give 43
+        (1000, 1500, 640, (426, 640)),  # 426.67
+        (77, 50, 640, (639, 415)),  # 77 * (640 / 77) = 639.999...: v7.0's long side is 639 here
+        (1, 5000, 640, (1, 640)),  # 0.128: at least one pixel
+        (240, 240, 128, (128, 128)),
+    ],
+)
+def test_resized_shape_truncates_as_v7(h0, w0, imgsz, want):
+    """v7.0's load_image: ``int(side * (imgsz / long side))``, not the nearest pixel."""
+    assert lbx.resized_shape(h0, w0, imgsz) == want
+    assert lbx.resized_shape(w0, h0, imgsz) == want[::-1]
+    img = np.zeros((h0, w0, 3), np.uint8)
+    assert lbx.resize_long_side(img, imgsz, augment=False).shape[:2] == want
+
+
+def test_letterbox_returns_v7s_unrounded_pad():
+    """An odd total padding: the borders split it 29 + 30 and the pad returned is v7.0's 29.5 (labels and the box
+    rescaling use it), the ratio v7.0's (r, r)."""
+    img = np.zeros((101, 100, 3), np.uint8)
+    out, ratio, pad = lbx.letterbox(img, 160, scaleup=False)
+    assert (out[:29] == lbx.FILL).all()
+    assert (out[29:130, 30:130] == 0).all()
+    assert (out[130:] == lbx.FILL).all()
+    assert ratio == (1.0, 1.0)
+    assert pad == (30.0, 29.5)
+    _, ratio, pad = lbx.letterbox(np.zeros((50, 75, 3), np.uint8), (64, 96))
+    assert ratio == (1.28, 1.28)
+    assert pad == (0.0, 0.0)
+
+
 def test_rect_batch_shapes_hand_values():
     shapes = np.array([[100, 200], [200, 100], [150, 150]])  # h/w = 0.5, 2, 1
     order, bs = lbx.rect_batch_shapes(shapes, batch_size=2, imgsz=320)

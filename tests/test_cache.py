@@ -15,6 +15,7 @@ import torch
 
 from yolo5l.data import cache as cache_mod
 from yolo5l.data import layout
+from yolo5l.data import letterbox as letterbox_mod
 from yolo5l.data.cache import ImageCache
 from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.images import read_image
@@ -94,6 +95,35 @@ def test_disk_cache_writes_reuses_and_rebuilds(images):
         np.testing.assert_array_equal(c3.load(i), expected(files[i]))
     assert c3.npy_path(2).stat().st_mtime >= os.stat(files[2]).st_mtime
     assert "0 written, 4 reused" in ImageCache(files, shapes, 96, "disk").fill()
+
+
+def test_disk_cache_rebuilds_files_of_another_size_rule(tmp_path, monkeypatch):
+    """A .npy written when sides were rounded to the nearest pixel (100 x 300 -> 43 x 128) is rebuilt at v7.0's
+    truncated 42 x 128; one whose size both rules agree on (the same resize, the same pixels) is reused."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    files = []
+    for i, (h, w) in enumerate([(100, 300), (150, 300)]):  # 42.67 and 64.0 rows at 128 px
+        files.append(str(folder / f"im{i}.png"))
+        cv2.imwrite(files[-1], rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+    shapes = np.array([(100, 300), (150, 300)])
+
+    def nearest(h0, w0, imgsz):
+        r = imgsz / max(h0, w0)
+        return max(1, round(h0 * r)), max(1, round(w0 * r))
+
+    with monkeypatch.context() as m:
+        m.setattr(cache_mod, "resized_shape", nearest)
+        m.setattr(letterbox_mod, "resized_shape", nearest)
+        old = ImageCache(files, shapes, 128, "disk", augment=False)
+        assert "2 written, 0 reused" in old.fill()
+    assert np.load(old.npy_path(0)).shape == (43, 128, 3)
+    c = ImageCache(files, shapes, 128, "disk", augment=False)
+    assert "1 written, 1 reused" in c.fill()
+    for i in range(2):
+        np.testing.assert_array_equal(c.load(i), expected(files[i], 128, augment=False))
+    assert c.load(0).shape == (42, 128, 3)
 
 
 def test_disk_cache_load_rebuilds_file_corrupted_after_fill(images):

@@ -318,6 +318,7 @@ def test_num_devices_uses_lightnings_parser():
         (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
         (["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),
         (["data.reduced_decode=maybe"], "data.reduced_decode='maybe' must be true or false"),
+        (["data.val_reduced_decode=1"], "data.val_reduced_decode=1 must be true or false"),
         (["data.num_workers=-2"], "data.num_workers=-2 must be at least 0"),
         (["data.batch_size=15", "trainer.devices=2", "trainer.accelerator=cpu"], "does not divide by the 2 devices"),
         (["data.batch_size=-1", "trainer.devices=2", "trainer.accelerator=cpu"], "single device"),

@@ -479,9 +479,14 @@ def test_label_scan_reads_headers_only(tmp_path, monkeypatch):
     assert calls == []
 
 
-@pytest.mark.parametrize("override", [[], ["data.reduced_decode=false"]], ids=["default", "off"])
-def test_data_reduced_decode_reaches_both_caches(tmp_path, override):
-    """``data.reduced_decode`` (on by default) is the DataModule's argument and reaches both splits' image caches."""
+@pytest.mark.parametrize(
+    ("override", "train", "val"),
+    [([], True, False), (["data.reduced_decode=false"], False, False), (["data.val_reduced_decode=true"], True, True)],
+    ids=["default", "off", "val-on"],
+)
+def test_data_reduced_decode_reaches_both_caches(tmp_path, override, train, val):
+    """``data.reduced_decode`` (on by default) reaches the training split's image cache, ``data.val_reduced_decode``
+    (off by default: v7.0's val.py decodes in full) the validation split's."""
     from hydra.utils import instantiate
 
     from yolo5l.config import compose_config
@@ -493,10 +498,9 @@ def test_data_reduced_decode_reaches_both_caches(tmp_path, override):
     )
     dm = instantiate(cfg.data, _convert_="all")
     dm.setup("fit")
-    want = not override
-    assert dm.reduced_decode is want
-    assert dm.train_dataset.cache.reduced_decode is want
-    assert dm.val_dataset.cache.reduced_decode is want
+    assert (dm.reduced_decode, dm.val_reduced_decode) == (train, val)
+    assert dm.train_dataset.cache.reduced_decode is train
+    assert dm.val_dataset.cache.reduced_decode is val
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from yolo5l.data.device_input import DeviceCache, DeviceInput, DeviceInputLoader
 from yolo5l.data.images import _ORIENT
 from yolo5l.data.jpeg_header import read_jpeg_header
 from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.letterbox import resized_shape
 from yolo5l.data.mosaic import mixup
 from yolo5l.data.plan import collate_plans
 from yolo5l.data.synthetic import ensure_synthetic
@@ -135,8 +136,7 @@ def test_resize_tiles_is_opencv_inter_linear_with_exif_orientation(target):
         img[10:40, 20:90] = 255  # a sharp edge
         shown = img if orientation == 1 else _ORIENT[orientation](img)
         hd, wd = shown.shape[:2]
-        r = target / max(hd, wd)
-        h, w = round(hd * r), round(wd * r)
+        h, w = resized_shape(hd, wd, target)
         refs.append(cv2.resize(shown, (w, h), interpolation=cv2.INTER_LINEAR))
         planar = torch.from_numpy(img).permute(2, 0, 1).reshape(-1)
         src.append(planar)
@@ -262,8 +262,14 @@ def compare_samples(index, keys, source="bytes", cache="none", cache_dir=None, *
     ds.fill_cache()
     ds.plan_on_device(source)
     plans, images, targets = render_items(ds, keys)
-    diffs = []
+    diffs, fractional = [], 0
     for b, ((i, key), plan) in enumerate(zip(keys, plans, strict=True)):
+        for t in (t for layer in plan.layers for t in layer.tiles if t is not None):
+            # v7.0's load_image size, int(side * r) (ultralytics/yolov5 v7.0 utils/dataloaders.py), on both paths
+            h0, w0 = (int(v) for v in host.shapes[t.index])
+            r = S / max(h0, w0)
+            assert t.hw == (int(h0 * r), int(w0 * r)) == host.load_image(t.index)[0].shape[:2]
+            fractional += (round(h0 * r), round(w0 * r)) != t.hw
         _, labels, path, shapes = host[(i, True, key)]
         assert torch.equal(plan.labels[:, 1:], labels[:, 1:])
         assert path == plan.path
@@ -276,6 +282,7 @@ def compare_samples(index, keys, source="bytes", cache="none", cache_dir=None, *
         assert np.array_equal(ref[1], labels[:, 1:].numpy())
         diffs.append(np.abs(images[b].astype(int) - ref[0]))
     assert len(diffs) >= 0.75 * len(keys)
+    assert fractional  # tiles whose size the nearest pixel would have made one larger
     return diffs
 
 
@@ -635,6 +642,7 @@ from yolo5l.data.dataset import YOLODataset
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.device_input import DeviceInput
 from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.letterbox import resized_shape
 from yolo5l.data.plan import collate_plans
 from yolo5l.data.synthetic import ensure_synthetic
 

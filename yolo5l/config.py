@@ -240,7 +240,7 @@ def _check_data(data: DictConfig, any_size: bool = False) -> None:
     for key, allowed in (("cache", CACHE_MODES), ("pipeline", PIPELINES)):
         if key in data and str(data.get(key)) not in allowed:
             raise UserError(f"data.{key}={data.get(key)!r} is not one of: {', '.join(allowed)}")
-    for key in ("reduced_decode", "persistent_workers", "pin_memory", *TRAIN_OPTIONS):
+    for key in ("reduced_decode", "val_reduced_decode", "persistent_workers", "pin_memory", *TRAIN_OPTIONS):
         if key in data and not isinstance(data.get(key), bool):
             raise UserError(f"data.{key}={data.get(key)!r} must be true or false")
     if data.get("rect") and data.get("image_weights"):

@@ -1,8 +1,9 @@
 """The image cache: resized uint8 images held in RAM or as ``.npy`` files on disk.
 
-Both caches store the image already resized so that its long side equals ``imgsz`` (what every epoch needs), so
-a cache hit skips both the JPEG decode and the resize. The bytes needed are known exactly from the label
-scan's shapes, so the up-front fit check needs no sampling.
+Both caches store the image already resized so that its long side equals ``imgsz`` (what every epoch needs; the
+size is :func:`~yolo5l.data.letterbox.resized_shape`'s, v7.0's truncated sides), so a cache hit skips both the JPEG
+decode and the resize. The bytes needed are known exactly from the label scan's shapes, so the up-front fit check
+needs no sampling.
 
 With ``reduced_decode`` (the default), a JPEG at least twice ``imgsz`` on its long side is decoded at 1/2, 1/4 or
 1/8 scale (:func:`~yolo5l.data.images.read_image_reduced`) and then resized to the same shape as a full decode
@@ -13,9 +14,12 @@ would give, so labels (normalised) and the shape checks below hold either way.
 - ``disk``: ``.npy`` files in ``cache_dir`` (default: a ``<images dir>.npycache/s<imgsz>_<interp>[_r]`` folder
   beside the images, ``_r`` for reduced decoding, so the pixels of the two decodes never mix; when that is
   read-only, ``<user cache>/npy/<hash>``, see :func:`~yolo5l.base.files.user_cache_dir`). A file that is
-  unreadable, of the wrong shape or dtype, or older than its image is rebuilt. Falls back to no cache when the
-  free space is short (same ``HEADROOM``). Files are read as read-only memory maps: every dataloader worker and
-  every DDP rank of a node then shares the page cache's one copy of an image instead of holding its own.
+  unreadable, of the wrong shape or dtype, or older than its image is rebuilt. In a folder the pixels are a
+  function of the image and its resized shape, so the shape check also keeps out a file written under another size
+  rule: it is rebuilt unless both rules give the image the same size, and then its pixels are the same. Falls back
+  to no cache when the free space is short (same ``HEADROOM``). Files are read as read-only memory maps: every
+  dataloader worker and every DDP rank of a node then shares the page cache's one copy of an image instead of
+  holding its own.
 
 Reference: YOLOv5 v7.0 ``check_cache_ram`` / ``cache_images`` (behaviour); YOLOX ``CacheDataset``.
 """

@@ -29,20 +29,26 @@ RECT_PAD = 0.5  # rectangular batch padding, in units of the stride (YOLOv5's va
 
 
 def resized_shape(h0: int, w0: int, imgsz: int) -> tuple[int, int]:
-    """(h, w) after resizing so that the long side equals ``imgsz`` (aspect kept, at least 1 px)."""
+    """(h, w) after resizing by ``r = imgsz / max(h0, w0)``: each side ``int(side * r)``, truncated, at least 1 px.
+
+    The long side is ``imgsz``, or ``imgsz - 1`` where the float product ``side * (imgsz / side)`` falls just short
+    of it (77 px to 640 gives 639). Reference: ultralytics/yolov5 v7.0
+    utils/dataloaders.py::LoadImagesAndLabels.load_image (``int(w0 * r), int(h0 * r)``).
+    """
     r = imgsz / max(h0, w0)
     if r == 1:
         return int(h0), int(w0)
-    return max(1, round(h0 * r)), max(1, round(w0 * r))
+    return max(1, int(h0 * r)), max(1, int(w0 * r))
 
 
 def resize_long_side(img: np.ndarray, imgsz: int, augment: bool) -> np.ndarray:
-    """Resize so the long side equals ``imgsz``: INTER_LINEAR when augmenting or upscaling, else INTER_AREA."""
+    """Resize to :func:`resized_shape`: INTER_LINEAR when augmenting or enlarging (``imgsz`` above the long side),
+    else INTER_AREA."""
     h0, w0 = img.shape[:2]
     h, w = resized_shape(h0, w0, imgsz)
     if (h, w) == (h0, w0):
         return img
-    interp = cv2.INTER_LINEAR if (augment or h > h0) else cv2.INTER_AREA
+    interp = cv2.INTER_LINEAR if (augment or imgsz > max(h0, w0)) else cv2.INTER_AREA
     return cv2.resize(img, (w, h), interpolation=interp)
 
 
@@ -63,17 +69,20 @@ def letterbox(
         scaleup: allow enlarging; validation uses False (only shrink, which then uses INTER_AREA).
 
     Returns:
-        ``(image, (ratio_h, ratio_w), (pad_w, pad_h))`` where pad is the left/top padding (half of the total).
+        ``(image, (r, r), (pad_w, pad_h))``, as v7.0's: ``r`` the scale, and the pad half of each axis' total
+        padding, a float that ends in .5 where the total is odd. The image itself then sits at ``pad - 0.5`` on
+        that axis (its borders, :func:`letterbox_layout`, are whole pixels); v7.0's labels and box rescaling use the
+        unrounded pad, so boxes mapped with it agree with v7.0's. Reference: ultralytics/yolov5 v7.0
+        utils/augmentations.py::letterbox.
     """
     shape = img.shape[:2]
-    new_unpad, (top, bottom, left, right) = letterbox_layout(shape, new_shape, auto, scaleup, stride)
+    new_unpad, (top, bottom, left, right), r, pad = letterbox_layout(shape, new_shape, auto, scaleup, stride)
     if shape[::-1] != new_unpad:
         interp = cv2.INTER_LINEAR if new_unpad[0] > shape[1] or new_unpad[1] > shape[0] else cv2.INTER_AREA
         img = cv2.resize(img, new_unpad, interpolation=interp)
     if top or bottom or left or right:
         img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(color, color, color))
-    ratio = (new_unpad[1] / shape[0], new_unpad[0] / shape[1])
-    return img, ratio, (float(left), float(top))
+    return img, (r, r), pad
 
 
 def letterbox_layout(
@@ -82,9 +91,10 @@ def letterbox_layout(
     auto: bool = False,
     scaleup: bool = True,
     stride: int = MAX_STRIDE,
-) -> tuple[tuple[int, int], tuple[int, int, int, int]]:
-    """Where :func:`letterbox` puts an image of ``shape_hw``: its resized ``(w, h)`` and the borders
-    ``(top, bottom, left, right)`` (the arguments as :func:`letterbox`'s)."""
+) -> tuple[tuple[int, int], tuple[int, int, int, int], float, tuple[float, float]]:
+    """Where :func:`letterbox` puts an image of ``shape_hw``: its resized ``(w, h)``, the borders
+    ``(top, bottom, left, right)``, the scale ``r`` and the pad ``(pad_w, pad_h)`` it returns (the arguments as
+    :func:`letterbox`'s)."""
     if isinstance(new_shape, int):
         new_shape = (new_shape, new_shape)
     r = min(new_shape[0] / shape_hw[0], new_shape[1] / shape_hw[1])
@@ -95,7 +105,8 @@ def letterbox_layout(
     if auto:
         dw, dh = dw % stride, dh % stride
     dw, dh = dw / 2, dh / 2
-    return new_unpad, (round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1))
+    borders = (round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1))
+    return new_unpad, borders, r, (float(dw), float(dh))
 
 
 def rect_batch_shapes(

@@ -199,16 +199,16 @@ def _letterbox_layer(
     image again (rectangular batches: the host makes those)."""
     s, h = ds.imgsz, ds.hyp
     hw = ds.cache.resized_hw(index)
-    (w_new, h_new), (top, _, left, _) = letterbox_layout(hw, s, auto=False, scaleup=True)
+    (w_new, h_new), (top, _, left, _), _, (pw, ph) = letterbox_layout(hw, s, auto=False, scaleup=True)
     if (h_new, w_new) != hw:
         return None
     h0, w0 = (int(v) for v in ds.shapes[index])
-    shapes = ((h0, w0), ((hw[0] / h0, hw[1] / w0), (float(left), float(top))))
+    shapes = ((h0, w0), ((hw[0] / h0, hw[1] / w0), (pw, ph)))
     lab = ds.labels[index]
     labels = np.zeros((len(lab), 5), np.float32)
     if len(lab):
         labels[:, 0] = lab[:, 0]
-        labels[:, 1:] = xywhn_to_xyxy(lab[:, 1:5], hw[1], hw[0], left, top)
+        labels[:, 1:] = xywhn_to_xyxy(lab[:, 1:5], hw[1], hw[0], pw, ph)  # v7.0's pad, as the host's labels
     M, sc = aug.perspective_matrix(
         (s, s), (0, 0), h["degrees"], h["translate"], h["scale"], h["shear"], h["perspective"], rng
     )
