@@ -11,9 +11,13 @@ QUIET_BUILD := PYTHONWARNINGS=ignore::UserWarning
 
 .PHONY: venv refvenv train test test-ci test-all lint bench clean
 
+define NEW_VENV
+test -x $(BIN)/python || $(PY) -m venv $(VENV)
+$(BIN)/python -m pip install -q --upgrade pip
+endef
+
 $(BIN)/.installed: pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(NEW_VENV)
 	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
@@ -26,10 +30,13 @@ $(BIN)/.installed: pyproject.toml
 TFLITE := "litert-torch==0.10.*" "litert-converter==0.5.*" "ai-edge-quantizer==0.10.*"
 TFLITE_NEEDS := "ai-edge-litert==2.3.*" "torchao>=0.17" jax immutabledict absl-py rich
 
-$(BIN)/.installed-extras: $(BIN)/.installed
+# On a fresh machine (or after pyproject.toml changed) the core install and the extras are one resolver pass, which
+# also marks the core install done (`make train` needs nothing more); after a `make train` it adds the extras.
+$(BIN)/.installed-extras: pyproject.toml
+	$(NEW_VENV)
 	$(QUIET_BUILD) $(BIN)/python -m pip install -q -e ".[dev,export,mlflow,comet,optuna,openvino,ncnn,coreml]" $(TFLITE_NEEDS)
 	$(BIN)/python -m pip install -q --no-deps $(TFLITE)
-	touch $@
+	touch $(BIN)/.installed $@
 
 venv: $(BIN)/.installed-extras
 
