@@ -53,8 +53,12 @@ if "YOLO5L_CACHE_DIR" not in os.environ:
 import _module_helpers as helpers  # noqa: E402 (after the environment: yolo5l's imports load matplotlib)
 import torch  # noqa: E402
 
-# Tests run on 2 CPU cores: keep torch from oversubscribing them.
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One intra-op thread for the session's in-process work: its models are tiny, and at 2 threads on 2 cores each of
+# torch's OpenMP regions ends with one thread spinning until the other is scheduled again, which beside any other
+# load (a DataLoader worker, a subprocess of the test, another job) made tiny trainings several times slower (a
+# 118 s selection of tests took 22 s at one thread on a loaded 2-core machine). The tests of the thread logic set
+# their own counts (tests/test_cpu_threads.py, tests/test_command_threads.py); subprocesses decide theirs.
+torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config):
@@ -81,7 +85,7 @@ def _absl_keeps_off_pytest_capture():
 
 @pytest.fixture
 def one_thread():
-    """Tiny models run fastest single-threaded on the shared CPU (two threads oversubscribe under load)."""
+    """One intra-op thread, whatever a test set before (the session's own count is 1 too: see above)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
