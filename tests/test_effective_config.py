@@ -139,6 +139,8 @@ NO_SEARCH = (
 
 
 def test_a_searched_batch_is_saved_and_a_resume_reuses_it(tmp_path):
+    """`python -m yolo5l.train data.batch_size=-1` searches, trains at the batch it found (its last.ckpt written),
+    and saves it where a resume reads it; the resume does not search again."""
     r = _train(
         tmp_path, "experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.imgsz=64", "data.batch_size=-1",
         "tune.max_val=4", "tune.steps_per_trial=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",

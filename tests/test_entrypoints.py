@@ -46,20 +46,25 @@ def smoke(tmp_path_factory) -> dict[str, Path]:
     return {"tmp": tmp, "root": root, "weights": weights}
 
 
-def test_val_prints_table_and_writes_metrics(smoke):
+#: `python -m yolo5l.val` on the smoke run's weights and dataset, at its training size, on the CPU.
+VAL_ARGS = ("data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0",
+            "trainer=cpu", "data.val_batch_size=8")  # fmt: skip
+
+
+def _val(smoke: dict[str, Path], out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run("yolo5l.val", f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}", *VAL_ARGS, *extra,
+               f"hydra.run.dir={out}")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def val_default(smoke) -> tuple[subprocess.CompletedProcess, Path]:
+    """One validation with the command's defaults (channels_last among them): its result and its run folder."""
     out = smoke["tmp"] / "val"
-    r = run(
-        "yolo5l.val",
-        f"weights={smoke['weights']}",
-        f"data.synthetic.root={smoke['root']}",
-        "data.synthetic.num_train=32",
-        "data.synthetic.num_val=16",
-        "data.imgsz=128",
-        "data.num_workers=0",
-        "trainer=cpu",
-        "data.val_batch_size=8",
-        f"hydra.run.dir={out}",
-    )
+    return _val(smoke, out), out
+
+
+def test_val_prints_table_and_writes_metrics(val_default):
+    r, out = val_default
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if "mAP@0.5:0.95" in ln)
@@ -114,34 +119,27 @@ def test_collector_is_paused_for_start_up_and_running_for_the_work(smoke, entry,
     assert seen["left"] == before  # handed back as the interrupted work left `running`
 
 
-def test_val_channels_last_gives_the_same_metrics(smoke):
+def test_val_channels_last_gives_the_same_metrics(smoke, val_default):
     """`channels_last` (the default) is only a memory format: metrics equal the channels-first run's."""
-    metrics = {}
-    for flag in ("true", "false"):
-        out = smoke["tmp"] / f"val_cl_{flag}"
-        r = run(
-            "yolo5l.val", f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}",
-            "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0",
-            "trainer=cpu", "trainer.precision=32", "data.val_batch_size=8", f"module.channels_last={flag}",
-            f"hydra.run.dir={out}",
-        )  # fmt: skip
-        assert r.returncode == 0, r.stderr[-3000:]
-        metrics[flag] = json.loads((out / "metrics.json").read_text())
+    r, out = val_default
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "module.channels_last" not in (out / ".hydra" / "overrides.yaml").read_text()  # the default: true
+    metrics = {"true": json.loads((out / "metrics.json").read_text())}
+    out = smoke["tmp"] / "val_cl_false"
+    r = _val(smoke, out, "module.channels_last=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics["false"] = json.loads((out / "metrics.json").read_text())
     for key in ("val/map_50", "val/map", "val/precision", "val/recall"):
         assert metrics["true"][key] == pytest.approx(metrics["false"][key], abs=2e-3), key
 
 
 def test_val_coco_backend_and_a_bad_backend(smoke):
-    common = [
-        f"weights={smoke['weights']}", f"data.synthetic.root={smoke['root']}", "data.synthetic.num_train=32",
-        "data.synthetic.num_val=16", "data.imgsz=128", "data.num_workers=0", "trainer=cpu", "data.val_batch_size=8",
-    ]  # fmt: skip
     out = smoke["tmp"] / "val_coco"
-    r = run("yolo5l.val", *common, "module/metric=coco", f"hydra.run.dir={out}")
+    r = _val(smoke, out, "module/metric=coco")
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0.0 <= metrics["val/map"] <= metrics["val/map_50"] <= 1.0
-    r = run("yolo5l.val", *common, "module/metric=voc", f"hydra.run.dir={smoke['tmp'] / 'val_bad'}")
+    r = _val(smoke, smoke["tmp"] / "val_bad", "module/metric=voc")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "unknown module/metric 'voc': choose one of coco, yolov5" in r.stderr
@@ -199,26 +197,6 @@ def test_predict_writes_drawn_images_json_and_txt(smoke):
             assert float(bw) == pytest.approx((x2 - x1) / w, abs=1e-3)
             assert float(bh) == pytest.approx((y2 - y1) / h, abs=1e-3)
             assert all(0 <= float(v) <= 1 for v in (cx, cy, bw, bh, score))
-
-
-def test_batch_size_search_picks_a_batch(smoke):
-    out = smoke["tmp"] / "autobatch"
-    r = run(
-        "yolo5l.train",
-        "experiment=smoke",
-        f"data.synthetic.root={smoke['root']}",
-        "data.batch_size=-1",
-        "tune.max_val=4",
-        "tune.steps_per_trial=1",
-        "trainer.limit_train_batches=1",
-        "trainer.limit_val_batches=1",
-        "~callbacks.batch_plotter",
-        "logger=none",
-        f"hydra.run.dir={out}",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "batch size search: using data.batch_size=4" in r.stdout
-    assert (out / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_batch_size_search_refuses_two_devices(tmp_path):
