@@ -222,6 +222,18 @@ def test_mistakes_are_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, a
     assert not run_dir.exists()
 
 
+def convert(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """`python -m yolo5l.convert *argv` in this process (the module runs `sys.exit(main())`): its exit status and
+    the lines of its stderr. The command line itself, import to exit, is run once below."""
+    from yolo5l.convert import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's mistakes end in the parser
+        code = e.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -230,19 +242,28 @@ def test_mistakes_are_one_line_exit_2_and_leave_no_run_folder(tmp_path, entry, a
         (["{w}", "{out}", "--num-classes", "0"], "--num-classes must be >= 1"),
     ],
 )
-def test_convert_mistakes_are_one_line(tmp_path, args, needle):
+def test_convert_mistakes_are_one_line(tmp_path, capsys, args, needle):
     w = tmp_path / "w.pt"
     w.write_bytes(b"x")
+    code, lines = convert([a.format(w=w, out=tmp_path / "out.pt") for a in args], capsys)
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0]
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_a_convert_mistake_on_the_command_line_is_one_line_and_status_2(tmp_path):
+    """The process around `main`: nothing else on stderr (no traceback, no library's noise at import or exit)."""
     r = subprocess.run(
-        [sys.executable, "-m", "yolo5l.convert", *(a.format(w=w, out=tmp_path / "out.pt") for a in args)],
+        [sys.executable, "-m", "yolo5l.convert", str(tmp_path / "missing.pt"), str(tmp_path / "out.pt")],
         capture_output=True, text=True, timeout=120, env=ENV,
     )  # fmt: skip
     assert r.returncode == 2
-    assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert lines[0].startswith("error: ")
-    assert needle in lines[0]
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"error: {tmp_path / 'missing.pt'}: no such file")
+    assert r.stdout == ""
     assert not (tmp_path / "out.pt").exists()
 
 

@@ -126,11 +126,14 @@ def test_entry_points_print_one_line_exit_2_and_leave_no_run_folder(tmp_path, en
      (["weights=a.pt", "b.pt"], "convert takes two paths, not key=value"),
      (["a.pt"], "required: output; usage: python -m yolo5l.convert")],
 )  # fmt: skip
-def test_convert_usage_mistakes_are_one_line(tmp_path, args, needle):
-    r = subprocess.run([sys.executable, "-m", "yolo5l.convert", *args], capture_output=True, text=True, timeout=120,
-                       cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
+def test_convert_usage_mistakes_are_one_line(tmp_path, capsys, monkeypatch, args, needle):
+    """In this process: the command line around it is tests/test_cli.py's
+    test_a_convert_mistake_on_the_command_line_is_one_line_and_status_2."""
+    from test_cli import convert
+
+    monkeypatch.chdir(tmp_path)
+    code, lines = convert(args, capsys)
+    assert code == 2
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ")
     assert needle in lines[0]

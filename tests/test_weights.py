@@ -15,7 +15,6 @@ import math
 import os
 import pathlib
 import pickletools
-import subprocess
 import sys
 import types
 import zipfile
@@ -519,12 +518,4 @@ def test_convert_cli_errors(tmp_path, capsys):
     assert err.startswith("error: ")
     assert "missing.pt: no such file" in err
     assert err.count("\n") == 1
-    # The module entry point works as a command.
-    proc = subprocess.run(
-        [sys.executable, "-m", "yolo5l.convert", str(missing), str(tmp_path / "out.pt")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 2
-    assert "missing.pt: no such file" in proc.stderr
+    # The same mistake as a command: tests/test_cli.py (a_convert_mistake_on_the_command_line_is_one_line_and_status_2)
