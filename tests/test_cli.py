@@ -75,7 +75,7 @@ def test_the_command_line_ends_after_a_joblib_pool():
     code = (
         "from joblib import Parallel, delayed\n"
         "from yolo5l._cli import run_entry_point, running\n"
-        "from yolo5l.train import main  # as pip's console script: the command line\n"
+        "from yolo5l.val import main  # as pip's console script (yolo5l-val): the command line\n"
         "def work():\n"
         "    with running():\n"
         "        print(Parallel(n_jobs=2, backend='loky')(delayed(abs)(-i) for i in range(4)), flush=True)\n"
@@ -93,7 +93,7 @@ def test_the_command_line_ends_after_threads_and_atexit_handlers_without_the_tea
     code = (
         "import atexit, threading, time\n"
         "from yolo5l._cli import run_entry_point, running\n"
-        "from yolo5l.train import main  # as pip's console script: the command line\n"
+        "from yolo5l.val import main  # as pip's console script (yolo5l-val): the command line\n"
         "class Torn:\n"
         "    def __del__(self):\n"
         "        print('torn down', flush=True)\n"

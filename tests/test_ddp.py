@@ -65,6 +65,27 @@ def test_multirun_with_ddp_is_refused(tmp_path):
     assert "trainer.strategy=ddp_spawn" in r.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize(
+    ("env", "zero"),
+    [({}, True), ({"RANK": "1"}, False), ({"LOCAL_RANK": "0", "SLURM_PROCID": "3"}, True),
+     ({"SLURM_PROCID": "2"}, False), ({"JSM_NAMESPACE_RANK": "0"}, True), ({"RANK": "0", "NODE_RANK": "1"}, False)],
+)  # fmt: skip
+def test_rank_zero_is_lightnings_whether_or_not_lightning_is_imported(monkeypatch, env, zero):
+    """Before Lightning is imported (a command's mistake or `--help`), the variables give the answer Lightning's
+    `_get_rank` gives, in its order; NODE_RANK > 0 is no rank 0 either way."""
+    import lightning.fabric.utilities.rank_zero  # noqa: F401 - imported in this session anyway
+
+    from yolo5l.base.console import RANK_ENV, is_rank_zero
+
+    for key in (*RANK_ENV, "NODE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert is_rank_zero() is zero
+    monkeypatch.delitem(sys.modules, "lightning.fabric.utilities.rank_zero")
+    assert is_rank_zero() is zero
+
+
 # --------------------------------------------------------------------------------------------------------------
 # What each rank did, recorded by tests/_ddp_probe.py in a 2-process gloo run, and a single-process oracle.
 

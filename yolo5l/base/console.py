@@ -447,17 +447,27 @@ def library_output(ignore: tuple[str, ...] = ()) -> Iterator[None]:
 
 
 # ---- the command's own lines ---------------------------------------------------------------------------------------
+#: The variables Lightning reads a process's rank from, first set first (`lightning.fabric.utilities.rank_zero`).
+RANK_ENV = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
 def is_rank_zero() -> bool:
     """True in the launching process (before and after DDP starts) and on global rank 0.
 
     The rank is Lightning's: the one its strategy set (`rank_zero_only.rank`), else the first of `RANK`,
     `LOCAL_RANK`, `SLURM_PROCID` and `JSM_NAMESPACE_RANK` that is set (`srun` starts every task with its
-    `SLURM_PROCID`); `NODE_RANK` > 0 (a further node's `LOCAL_RANK=0`) is not rank 0 either.
+    `SLURM_PROCID`); `NODE_RANK` > 0 (a further node's `LOCAL_RANK=0`) is not rank 0 either. Before Lightning is
+    imported no strategy has set a rank, and the variables are read here: a command's mistake or `--help` is
+    answered without importing Lightning (2-3 s on a small CPU).
     """
-    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
-
-    rank = _get_rank() or 0
-    return rank == 0 and getattr(rank_zero_only, "rank", 0) == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
+    lightning_rank = sys.modules.get("lightning.fabric.utilities.rank_zero")
+    if lightning_rank is None:
+        rank = next((int(os.environ[key]) for key in RANK_ENV if os.environ.get(key) is not None), 0)
+        strategy_rank = 0
+    else:
+        rank = lightning_rank._get_rank() or 0
+        strategy_rank = getattr(lightning_rank.rank_zero_only, "rank", 0)
+    return rank == 0 and strategy_rank == 0 and int(os.environ.get("NODE_RANK", 0)) == 0
 
 
 def info(message: str, stream: TextIO | None = None) -> None:
