@@ -21,12 +21,13 @@ from yolo5l.train import build
 
 @pytest.fixture(scope="module")
 def smoke_fit(tmp_path_factory):
-    """The real composition (`build`) on the smoke experiment: 3 epochs of 4 batches, logging every 50 steps."""
+    """The real composition (`build`) on the smoke experiment: 3 epochs of 4 batches, logging every 50 steps (at
+    64 px, without the plots and the TensorBoard graph, which nothing here reads)."""
     tmp = tmp_path_factory.mktemp("console")
     cfg = compose_config(
-        ["experiment=smoke", f"data.synthetic.root={tmp / 'synthetic'}", "trainer.max_epochs=3",
+        ["experiment=smoke", f"data.synthetic.root={tmp / 'synthetic'}", "data.imgsz=64", "trainer.max_epochs=3",
          "trainer.log_every_n_steps=50", "callbacks.progress_bar.refresh_rate=3", "callbacks.progress_bar.style=bar",
-         "~callbacks.batch_plotter"],
+         "~callbacks.batch_plotter", "plots=false", "logger.tensorboard.log_graph=false"],
         output_dir=tmp / "run",
     )  # fmt: skip
     datamodule, module, trainer = build(cfg)

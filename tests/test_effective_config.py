@@ -25,7 +25,8 @@ from yolo5l.train import build
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Set up the data and stop: the start-up block and the config are written as fitting starts, before any batch.
-NO_BATCHES = ["trainer.max_epochs=1", "trainer.limit_train_batches=0", "trainer.limit_val_batches=0", "plots=false"]
+NO_BATCHES = ["trainer.max_epochs=1", "trainer.limit_train_batches=0", "trainer.limit_val_batches=0", "plots=false",
+              "logger.tensorboard.log_graph=false"]  # fmt: skip
 
 
 def _block(out: str) -> dict[str, str]:
