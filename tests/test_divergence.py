@@ -23,7 +23,7 @@ from yolo5l.training.divergence import MIN_GROWTH_BATCHES, LossGrowth, TrainingD
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 LR0 = ("hyp.lr0=10000", "hyp.warmup_epochs=0")
-SMALL = ("experiment=smoke", "data.imgsz=64", "logger=csv", "~callbacks.batch_plotter")
+SMALL = ("experiment=smoke", "data.imgsz=64", "logger=csv", "~callbacks.batch_plotter", "plots=false")
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def run(entry: str, *args: str, timeout: int = 300) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict[str, Path]:
-    """One short training run: its weights.pt and the synthetic dataset it trained on."""
+    """One short training run: its weights.pt and the synthetic dataset it trained on (no plots: none is read)."""
     tmp = tmp_path_factory.mktemp("entry")
     root = tmp / "synthetic"
     r = run(
@@ -36,6 +36,7 @@ def smoke(tmp_path_factory) -> dict[str, Path]:
         "trainer.limit_val_batches=1",
         "~callbacks.batch_plotter",
         "logger=none",
+        "plots=false",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     # Lightning's records reach the console once (through Hydra's root handler), not also through its own handler.
@@ -240,6 +241,7 @@ def test_finetune_from_ultralytics_weights_with_frozen_backbone(tmp_path):
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
         "logger=none",
+        "plots=false",
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"transferred 343/349 items from {path}" in r.stdout + r.stderr
