@@ -409,7 +409,8 @@ def test_the_flag_table_has_every_v7_export_flag():
 
 @pytest.mark.parametrize("flag", V7_EXPORT_FLAGS)
 def test_each_v7_export_flag_typed_as_is_gets_one_line(flag):
-    from yolo5l.overrides import V7_OPTIONS, V7_WITHOUT, check_overrides
+    from yolo5l.overrides import check_overrides
+    from yolo5l.v7_options import V7_OPTIONS, V7_WITHOUT
 
     with pytest.raises(UserError) as e:
         check_overrides(["weights=w.pt", f"--{flag}"], "export")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,7 @@ TYPOS = [
      "format=onnx,openvino: values separated by commas are a sweep, one run each (add -m); for a list write "
      "format=[onnx,openvino], for text with commas quote it: format='onnx,openvino'"),
     ("train", ["data.imgsz=128,256"], "write data.imgsz=[128,256]"),
+    ("train", ["-m", "hydra.run.dir=a,b"], "hydra.run.dir=a,b: Hydra's own settings (hydra.*) are not swept"),
     ("export", ["weights=w.pt", "inplace=true"],
      "unknown key inplace; v7.0's --inplace has no counterpart here: the exported decode is written with split"),
     ("export", ["weights=w.pt", "--verbose"],
@@ -151,7 +153,7 @@ def test_every_v7_option_hint_is_a_valid_override(entry):
     """What `--epochs 3` and the others are told to write passes the same check."""
     import re
 
-    from yolo5l.overrides import V7_OPTIONS
+    from yolo5l.v7_options import V7_OPTIONS
 
     required = {"val": ["weights=w.pt"], "predict": ["weights=w.pt", "source=a.jpg"], "export": ["weights=w.pt"]}
     for option, hint in V7_OPTIONS[entry].items():
@@ -159,3 +161,75 @@ def test_every_v7_option_hint_is_a_valid_override(entry):
         override = re.sub(r"=N$", "=2", re.sub(r"=X$", "=0.1", override))
         check_overrides([*required.get(entry, []), override], entry)  # raises for a hint that is not valid
         assert option.startswith("--")
+
+
+QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]  # no log handlers left in this process
+
+
+def _counted_app(monkeypatch):
+    """A Hydra app of train's config recording what it ran with, and a list of each composition Hydra's loader makes."""
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.hydra_config import HydraConfig
+
+    compositions, runs = [], []
+    compose = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        compositions.append(kwargs.get("overrides"))
+        return compose(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+
+    @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="train")
+    def app(cfg):
+        hc = HydraConfig.get()
+        runs.append((hc.mode.name, int(cfg.data.imgsz), cfg.data.get("mine"), Path(hc.runtime.output_dir)))
+
+    return app, compositions, runs
+
+
+def test_a_run_composes_its_config_once_and_a_sweep_once_before_its_jobs(tmp_path, monkeypatch):
+    """The composition that checks the overrides is the one the run gets (Hydra alone composes twice)."""
+    from yolo5l._cli import run_hydra_app
+
+    monkeypatch.chdir(tmp_path)
+    app, compositions, runs = _counted_app(monkeypatch)
+    run_hydra_app(app, "train", ["data.imgsz=96", "hydra.run.dir=run", *QUIET])
+    assert len(compositions) == 1
+    assert runs == [("RUN", 96, None, tmp_path / "run")]
+    assert "imgsz: 96" in (tmp_path / "run/.hydra/config.yaml").read_text()
+    compositions.clear(), runs.clear()
+    run_hydra_app(app, "train", ["-m", "data.imgsz=64,96", "hydra.sweep.dir=sweep", *QUIET])
+    # the sweep's; then Hydra's: its sweeper checks each job's config before the first job starts, its launcher
+    # composes each job as it starts it
+    assert len(compositions) == 1 + 2 * 2
+    assert [r[:2] for r in runs] == [("MULTIRUN", 64), ("MULTIRUN", 96)]
+    assert [r[3].name for r in runs] == ["0", "1"]
+    compositions.clear(), runs.clear()
+    with pytest.raises(UserError, match=r"^data\.imgsiz=3: unknown key data\.imgsiz; did you mean data\.imgsz\?$"):
+        run_hydra_app(app, "train", ["data.imgsiz=3", "hydra.run.dir=bad", *QUIET])
+    assert len(compositions) == 1
+    assert not runs
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monkeypatch):
+    """`--config-dir` adds options (`data=mine`) that the check sees, as the run does; a typo is still one line."""
+    from yolo5l._cli import run_hydra_app
+
+    mine = tmp_path / "configs" / "data"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("defaults:\n  - synthetic\n  - _self_\nimgsz: 128\nmine: 1\n")
+    monkeypatch.chdir(tmp_path)
+    app, compositions, runs = _counted_app(monkeypatch)
+    cd = ["--config-dir", str(tmp_path / "configs")]
+    run_hydra_app(app, "train", [*cd, "data=mine", "hydra.run.dir=run", *QUIET])
+    assert len(compositions) == 1
+    assert runs == [("RUN", 128, 1, tmp_path / "run")]
+    with pytest.raises(UserError, match=r"^data\.imgsiz=3: unknown key data\.imgsiz; did you mean data\.imgsz\?$"):
+        run_hydra_app(app, "train", [*cd, "data=mine", "data.imgsiz=3", *QUIET])
+    with pytest.raises(UserError, match=r"^unknown data 'mien': choose one of .*\bmine\b.*\bsynthetic\b"):
+        run_hydra_app(app, "train", [*cd, "data=mien", *QUIET])
+    with pytest.raises(UserError, match=r"^--config-dir nowhere: no such folder"):
+        run_hydra_app(app, "train", ["--config-dir", "nowhere", *QUIET])

@@ -1,5 +1,6 @@
 """What the entry points share: the lifecycle of a command (`run_entry_point`, the collector pause, `running` for
-its work, `end_command_line`), one-line errors with exit code 2 (`guarded`), a tidy console."""
+its work, `end_command_line`), Hydra's runner with the config composed once (`run_hydra_app`), one-line errors with
+exit code 2 (`guarded`), a tidy console."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+from hydra._internal.hydra import Hydra
+from omegaconf import DictConfig
+
 from yolo5l.base.console import fail, is_rank_zero
 from yolo5l.base.errors import UserError
-from yolo5l.config import check_group_choices
 
 __all__ = ["end_command_line", "guarded", "one_console_line_per_log", "run_entry_point", "running"]
 
@@ -149,15 +152,14 @@ def _is_command_line() -> bool:
 
 
 def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = None) -> None:
-    """What `main()` of train, val, predict and export does: collector paused for start-up, config groups and
-    overrides checked before Hydra composes (`yolo5l.overrides`), the Hydra app run (its work in `running`); then the
-    collector as it was before, with nothing left frozen, however the command ended. On the command line a command
-    that ended (0, a one-line error's 2, a preempted run's 128 + signal, Hydra's 1) then ends the process through
-    `end_command_line`; an exception the command did not handle (a bug's traceback, Ctrl-C) takes the interpreter's
-    own way out.
+    """What `main()` of train, val, predict and export does: collector paused for start-up, the config composed once
+    with its overrides checked (`run_hydra_app`), the command run (its work in `running`); then the collector as it
+    was before, with nothing left frozen, however the command ended. On the command line a command that ended (0, a
+    one-line error's 2, a preempted run's 128 + signal, Hydra's 1) then ends the process through `end_command_line`;
+    an exception the command did not handle (a bug's traceback, Ctrl-C) takes the interpreter's own way out.
 
     Args:
-        hydra_main: The `@hydra.main` function.
+        hydra_main: The `@hydra.main` function (a callable that is not a Hydra app is called as it is).
         config_name: Its config (`train`, `val`, ...); default: the last part of its module's name.
     """
     global _command_line, _gc_paused
@@ -166,14 +168,9 @@ def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = Non
     code: object = 0
     try:
         try:
-            check_group_choices(sys.argv[1:])
-            if is_rank_zero():  # DDP re-launches the command per rank with what rank 0 checked
-                from yolo5l.overrides import check_overrides
-
-                check_overrides(sys.argv[1:], config_name or hydra_main.__module__.rsplit(".", 1)[-1])
-        except UserError as e:
+            run_hydra_app(hydra_main, config_name or hydra_main.__module__.rsplit(".", 1)[-1], sys.argv[1:])
+        except UserError as e:  # the command line's: the task's own are printed by `guarded`
             fail(str(e))
-        hydra_main()
     except SystemExit as e:
         if not _ends_fast():
             raise
@@ -185,6 +182,93 @@ def run_entry_point(hydra_main: Callable[[], Any], config_name: str | None = Non
             _gc_paused = False
     if _ends_fast():
         end_command_line(code)
+
+
+def run_hydra_app(hydra_main: Callable[[], Any], config_name: str, argv: list[str]) -> None:
+    """Run `@hydra.main` function `hydra_main` as Hydra would, but with its config composed once: the composition
+    that checks the command line's overrides (`yolo5l.overrides.compose_checked`) is the one the run or the sweep
+    gets, and with the same loader (Hydra itself composes a run's config twice, once to read `hydra.mode`). Hydra runs
+    it from there: the run folder, `.hydra/`, the job log, callbacks, the sweeper and its launcher (each job of a
+    sweep is composed by Hydra's sweeper and launcher, as with `@hydra.main`). What is not a run or a sweep
+    (`--help`, `--cfg`, `--info`, shell completion) is Hydra's own, after the same check.
+
+    A DDP rank Lightning re-launches (`LOCAL_RANK` > 0) composes the same command line without checking it again.
+
+    Raises:
+        UserError: An override or option of `argv` that is wrong (one line, before anything is written).
+    """
+    from hydra._internal.utils import detect_calling_file_or_module_from_task_function, run_and_report
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from yolo5l.overrides import check_overrides, compose_checked, config_loader, parse_command_line
+
+    task = getattr(hydra_main, "__wrapped__", None)  # what @hydra.main wraps: the task function
+    args, overrides = parse_command_line(argv, config_name)
+    if task is None or args.help or args.hydra_help or args.cfg or args.info or args.shell_completion or args.run:
+        if is_rank_zero():
+            check_overrides(argv, config_name)
+        hydra_main()  # not a run (or an explicit --run, which Hydra also checks against -m): Hydra's own
+        return
+    calling = detect_calling_file_or_module_from_task_function(task)
+    loader = config_loader(args.config_dir, args.config_path, calling)
+    hydra = _OnceComposed.create(calling, loader)
+    try:
+        config_name = args.config_name or config_name
+        multirun = bool(args.multirun)
+        if is_rank_zero():
+            cfg = compose_checked(loader, config_name, overrides, multirun=multirun)
+        else:
+            mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+            cfg = loader.load_configuration(config_name, overrides, run_mode=mode, validate_sweep_overrides=False)
+        if cfg.hydra.mode is None or (multirun and cfg.hydra.mode == RunMode.RUN):  # as Hydra's own `_run_app`
+            cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+            cfg.hydra.overrides.hydra.append(f"hydra.mode={cfg.hydra.mode.name}")
+        hydra.composed = cfg
+        if cfg.hydra.mode == RunMode.RUN:
+            run_and_report(lambda: hydra.run(config_name=config_name, task_function=task, overrides=overrides))
+        else:
+            run_and_report(lambda: hydra.multirun(config_name=config_name, task_function=task, overrides=overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+class _OnceComposed(Hydra):
+    """Hydra's app object, handed the config `run_hydra_app` composed: its `run` and `multirun` take that one instead
+    of composing their own (later compositions, a sweep's jobs, are Hydra's)."""
+
+    composed: DictConfig | None = None
+
+    @classmethod
+    def create(cls, calling: tuple[str | None, str | None], loader: Any) -> _OnceComposed:
+        """As Hydra's `create_main_hydra2` for a task function in `calling` (its file or module), with `loader`."""
+        from hydra._internal.utils import detect_task_name
+        from hydra.core.global_hydra import GlobalHydra
+
+        task_name = detect_task_name(*calling)
+        hydra = cls(task_name=task_name, config_loader=loader)
+        GlobalHydra.instance().initialize(hydra)
+        return hydra
+
+    def compose_config(  # Hydra's signature
+        self,
+        config_name: str | None,
+        overrides: list[str],
+        run_mode: Any,
+        with_log_configuration: bool = False,
+        from_shell: bool = True,
+        validate_sweep_overrides: bool = True,
+    ) -> DictConfig:
+        cfg, self.composed = self.composed, None
+        if cfg is None:
+            return super().compose_config(
+                config_name, overrides, run_mode, with_log_configuration, from_shell, validate_sweep_overrides
+            )
+        if with_log_configuration:  # Hydra's logging, as its own compose sets it up
+            from hydra.core.utils import configure_log
+
+            configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+        return cfg
 
 
 #: Lightning's console messages that say nothing about this run (a product tip, a size estimate it cannot make

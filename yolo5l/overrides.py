@@ -1,8 +1,10 @@
-"""Command-line overrides checked before Hydra composes, so that every mistake is one line naming the fix.
+"""A run's config, composed once, with the command line's overrides checked so that every mistake is one line naming
+the fix, before a run folder exists.
 
 Hydra refuses an unknown key with a multi-line report, and takes `+key=value` for any key, which then fails deep in
-the constructor it reaches (or is silently ignored). `check_overrides` composes the config with the command line's
-group choices (`model=yolov5n`) and walks the other overrides in order:
+the constructor it reaches (or is silently ignored). `compose_checked` composes the config with Hydra's own loader
+(`ConfigLoader`, the one the command's run then uses: `yolo5l._cli`) and walks the key overrides in order against
+the config as the group choices (`model=yolov5n`) composed it, before the overrides applied:
 
 - `key=value` and `~key` need a key the config has: `unknown key data.imgsiz: did you mean data.imgsz?`;
 - `+key=value` needs a key the config does not have yet, taken by the `_target_` it lands in (a constructor
@@ -21,106 +23,133 @@ import difflib
 import inspect
 from collections.abc import Iterator, Sequence
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
 from yolo5l.base.errors import UserError
+from yolo5l.v7_options import V7_OPTIONS, V7_WITHOUT
 
-__all__ = ["check_overrides", "closest_key"]
-
-#: ultralytics/yolov5 v7.0 options (train.py, val.py, detect.py, export.py) and the overrides that do the same here
-#: (docs/cli.md has the whole train.py table).
-V7_OPTIONS = {
-    "train": {
-        "--epochs": "trainer.max_epochs=N", "--img": "data.imgsz=N", "--imgsz": "data.imgsz=N",
-        "--img-size": "data.imgsz=N", "--batch-size": "data.batch_size=N", "--batch": "data.batch_size=N",
-        "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--cfg": "model=yolov5s",
-        "--hyp": "hyp=scratch-low", "--device": "trainer.devices=N (trainer.accelerator=cpu)",
-        "--workers": "data.num_workers=N", "--cache": "data.cache=ram", "--resume": "resume=true",
-        "--freeze": "freeze=N", "--seed": "seed=N", "--optimizer": "module/optimizer=adamw",
-        "--cos-lr": "module/scheduler=cosine", "--patience": "callbacks.early_stopping.patience=N",
-        "--project": "hydra.run.dir=runs/train/name", "--name": "hydra.run.dir=runs/train/name",
-        "--noval": "callbacks.val_interval.n=N", "--evolve": "hparams_search=evolve",
-        "--rect": "data.rect=true", "--image-weights": "data.image_weights=true",
-        "--multi-scale": "data.multi_scale=true", "--single-cls": "data.single_cls=true", "--quad": "data.quad=true",
-        "--noplots": "plots=false", "--label-smoothing": "hyp.label_smoothing=X",
-        "--save-period": "callbacks.checkpoint.save_period=N", "--sync-bn": "+trainer.sync_batchnorm=true",
-    },
-    "val": {
-        "--data": "data.file=path/to/data.yaml", "--weights": "weights=path.pt", "--img": "data.imgsz=N",
-        "--imgsz": "data.imgsz=N", "--batch-size": "data.val_batch_size=N", "--conf-thres": "module.conf_thres=X",
-        "--iou-thres": "module.iou_thres=X", "--device": "trainer.accelerator=cpu|gpu", "--task": "task=val",
-        "--augment": "augment=true", "--save-txt": "save_txt=true", "--save-conf": "save_conf=true",
-        "--save-hybrid": "save_hybrid=true", "--save-json": "save_json=true", "--single-cls": "data.single_cls=true",
-        "--half": "half=true",
-    },
-    "predict": {
-        "--source": "source=path", "--weights": "weights=path.pt", "--img": "imgsz=N", "--imgsz": "imgsz=N",
-        "--conf-thres": "conf_thres=X", "--iou-thres": "iou_thres=X", "--max-det": "max_det=N",
-        "--device": "device=cpu|cuda", "--nosave": "save_images=false", "--save-txt": "save_txt=true",
-        "--save-conf": "save_conf=true", "--save-crop": "save_crop=true", "--classes": "classes=[0,2]",
-        "--agnostic-nms": "agnostic_nms=true", "--augment": "augment=true", "--visualize": "visualize=true",
-        "--half": "half=true", "--vid-stride": "vid_stride=N", "--line-thickness": "line_thickness=N",
-        "--hide-labels": "hide_labels=true", "--hide-conf": "hide_conf=true",
-    },
-    "export": {
-        "--weights": "weights=path.pt",
-        "--include": "format=onnx|torchscript|openvino|tflite|ncnn|coreml|engine (several: format=[onnx,openvino])",
-        "--img": "imgsz=N (or imgsz=[h,w])", "--imgsz": "imgsz=N (or imgsz=[h,w])",
-        "--img-size": "imgsz=N (or imgsz=[h,w])", "--batch-size": "batch=N", "--dynamic": "dynamic=true",
-        "--half": "half=true", "--simplify": "simplify=true", "--opset": "opset=N", "--device": "device=cpu|cuda",
-        "--data": "calib_data=path/to/data.yaml (int8 calibration)", "--optimize": "optimize=true",
-        "--int8": "int8=true (with calib_data=path/to/data.yaml)", "--workspace": "workspace=N", "--nms": "nms=true",
-        "--agnostic-nms": "agnostic_nms=true (with nms=true)", "--topk-per-class": "topk_per_class=N (with nms=true)",
-        "--topk-all": "max_det=N (with nms=true)", "--conf-thres": "conf_thres=X (with nms=true)",
-        "--iou-thres": "iou_thres=X (with nms=true)",
-    },
-}  # fmt: skip
-
-#: ultralytics/yolov5 v7.0 options with no counterpart here, and why (docs/cli.md's tables give the same reasons).
-V7_WITHOUT = {
-    "export": {
-        "--inplace": "the exported decode is written with split and cat, as v7.0 writes it without --inplace (the "
-        "same numbers either way)",
-        "--keras": "it picks Keras for TF SavedModel, which yolo5l does not write (format=onnx, then onnx2tf)",
-        "--verbose": "TensorRT's warnings and errors are printed as warning: lines; its verbose build log is not shown",
-    },
-}
+__all__ = ["ConfigLoader", "check_overrides", "closest_key", "compose_checked", "config_loader", "parse_command_line"]
 
 
 def check_overrides(argv: Sequence[str], config_name: str) -> None:
-    """Check a Hydra command line (`sys.argv[1:]`) of the entry point composing `conf/<config_name>.yaml`.
+    """Check a Hydra command line (`sys.argv[1:]`) of the entry point composing `conf/<config_name>.yaml`, as a run
+    of it would (`compose_checked`), the composed config left unused: for what composes without running (`--cfg`,
+    `--info`, a notebook's check).
 
     Raises:
         UserError: One sentence: the override, what is wrong, and the closest valid key or option.
     """
     if any(a in ("-sc", "--shell-completion") or a.startswith("--shell-completion") for a in argv):
         return
-    args, overrides = _overrides_of(argv, config_name)
-    if not overrides or args.config_dir or args.config_path:
-        return  # nothing to check, or configs of the user's own that this composition would not see
-    config_name = args.config_name or config_name
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    args, overrides = parse_command_line(argv, config_name)
+    if not overrides:
+        return
+    loader = config_loader(args.config_dir, args.config_path, calling=(None, f"yolo5l.{config_name}"))
+    compose_checked(loader, args.config_name or config_name, overrides, multirun=bool(args.multirun))
 
+
+class ConfigLoader(ConfigLoaderImpl):
+    """Hydra's config loader, keeping a plain copy of the config as its defaults list composed it, before the command
+    line's key overrides applied (`before_overrides`): what `compose_checked` checks those overrides against, so that
+    a run's config is composed once."""
+
+    def __init__(self, config_search_path: Any, own_configs: bool = False) -> None:
+        super().__init__(config_search_path=config_search_path)
+        self.before_overrides: dict[str, Any] | None = None
+        self.own_configs = own_configs  # a --config-dir or --config-path: configs of the user's own
+
+    def _compose_config_from_defaults_list(self, defaults: Any, repo: Any) -> Any:  # Hydra's step before overrides
+        cfg = super()._compose_config_from_defaults_list(defaults, repo)
+        if self.before_overrides is None:  # a sweep's jobs compose with the same loader later: the first is kept
+            self.before_overrides = OmegaConf.to_container(cfg, resolve=False)  # type: ignore[assignment]
+        return cfg
+
+
+def config_loader(
+    config_dir: str | None = None, config_path: str | None = None, calling: tuple[str | None, str | None] | None = None
+) -> ConfigLoader:
+    """The loader `@hydra.main(config_path="pkg://yolo5l.conf")` composes with: yolo5l's configs, a `--config-path`
+    instead of them (a relative one from `calling`, the task function's file or module, as Hydra resolves it), a
+    `--config-dir` searched first (as Hydra's own `--config-dir`)."""
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    from yolo5l.config import CONFIG_MODULE
+
+    file, module = calling or (None, CONFIG_MODULE)
+    search_path = create_automatic_config_search_path(file, module, config_path or f"pkg://{CONFIG_MODULE}")
+    if config_dir is not None:
+        if not Path(config_dir).is_dir():
+            raise UserError(f"--config-dir {config_dir}: no such folder (it names a folder of yaml configs)")
+        search_path.prepend(
+            provider="command-line", path=f"file://{Path(config_dir).absolute()}", anchor=SearchPathQuery("schema")
+        )
+    return ConfigLoader(search_path, own_configs=config_dir is not None or config_path is not None)
+
+
+def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str], multirun: bool) -> DictConfig:
+    """The config of a run (or the master config of a sweep), composed once by Hydra's `loader`, with each override
+    checked against the config it was applied to (the module docstring has the rules).
+
+    A config that does not compose is diagnosed by the same checks; one they do not explain gets Hydra's own message
+    on one line.
+
+    Raises:
+        UserError: One sentence: the override, what is wrong, and the closest valid key or option.
+    """
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    from yolo5l.config import check_group_choices
+
+    if not loader.own_configs:  # yolo5l's options, each of a sweep's too; a --config-dir may add options
+        check_group_choices(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
         raise UserError(_parse_problem(overrides, e)) from None
     groups = [o for o in parsed if _is_group(o.key_or_group)]
     values = [o for o in parsed if not _is_group(o.key_or_group)]
-    group_choices = [c for c in map(_first_choice, groups) if c is not None]
-    tree = _compose(config_name, group_choices)
-    if not args.multirun and "MULTIRUN" not in str(tree.get("hydra", {}).get("mode")):
+    loader.before_overrides = None
+    cfg, problem = None, None
+    try:  # sweeps are checked below, with the mode the config asks for (`hparams_search=evolve` implies -m)
+        run_mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+        cfg = loader.load_configuration(config_name, overrides, run_mode=run_mode, validate_sweep_overrides=False)
+    except HydraException as e:
+        problem = e
+    tree = loader.before_overrides
+    if tree is None or any(o.is_sweep_override() for o in groups):
+        # the defaults list failed (a group option), or a sweep over groups: check against its first options
+        tree = _compose_groups(loader, config_name, [c for c in map(_first_choice, groups) if c is not None])
+    mode = cfg.hydra.mode if cfg is not None else tree.get("hydra", {}).get("mode")
+    if not multirun and "MULTIRUN" not in str(mode):
         _check_no_sweep(parsed)
+    for o in parsed:
+        if o.is_sweep_override() and o.is_hydra_override():
+            raise UserError(f"{o.input_line.strip()}: Hydra's own settings (hydra.*) are not swept; sweep the run's keys")
+    _check_values(tree, values, config_name)
+    if problem is not None:
+        lines = [ln.strip() for ln in str(problem).strip().splitlines() if ln.strip()]
+        raise UserError(" ".join(lines[:3]) or type(problem).__name__)
+    return cfg  # type: ignore[return-value]
+
+
+def _check_values(tree: dict[str, Any], values: Sequence[Any], config_name: str) -> None:
+    """Walk the key overrides in order against `tree` (the config before them), applying each to a copy."""
+    composed = copy.deepcopy(tree)
     try:
         for o in values:
             _check_value_override(tree, o, config_name)
     except UserError:
         # A resumed run's config is the checkpoint's: keys its first command line added (+callbacks.x...) are there.
-        resumed = _resumed_config(values, tree) if config_name == "train" else None
+        resumed = _resumed_config(values, composed) if config_name == "train" else None
         if resumed is None:
             raise
-        composed = _compose(config_name, group_choices)
         tree = copy.deepcopy(composed)
         _merge(tree, resumed)
         for o in values:  # `+key` for a key only the checkpoint has is what Hydra needs: not "already a key"
@@ -128,7 +157,7 @@ def check_overrides(argv: Sequence[str], config_name: str) -> None:
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
-def _overrides_of(argv: Sequence[str], config_name: str) -> tuple[Any, list[str]]:
+def parse_command_line(argv: Sequence[str], config_name: str) -> tuple[Any, list[str]]:
     """Hydra's parsed options and the overrides of `argv`; an option Hydra does not know is a `UserError` naming
     what to write instead."""
     from hydra._internal.utils import get_args_parser
@@ -188,34 +217,38 @@ def _first_choice(o: Any) -> str | None:
         return None
 
 
-def _compose(config_name: str, group_overrides: list[str]) -> dict[str, Any]:
+def _compose_groups(loader: ConfigLoader, config_name: str, group_overrides: list[str]) -> dict[str, Any]:
     """The config with the group choices applied, `hydra` node included, as plain containers (not resolved)."""
-    from hydra import compose, initialize_config_module
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from hydra.types import RunMode
 
-    from yolo5l.config import CONFIG_MODULE
+    def compose(overrides: list[str]) -> DictConfig:
+        return loader.load_configuration(config_name, overrides, run_mode=RunMode.MULTIRUN)
 
-    with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
-        try:
-            cfg = compose(config_name=config_name, overrides=group_overrides, return_hydra_config=True)
-        except HydraException as e:
-            base = compose(config_name=config_name, overrides=[], return_hydra_config=True)
-            raise UserError(_group_problem(config_name, group_overrides, base, e)) from None
+    try:
+        cfg = compose(group_overrides)
+    except HydraException as e:
+        raise UserError(_group_problem(loader, config_name, group_overrides, compose([]), e)) from None
     return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
 
 
-def _group_problem(config_name: str, group_overrides: Sequence[str], base: Any, error: Exception) -> str:
+def _group_problem(
+    loader: ConfigLoader, config_name: str, group_overrides: Sequence[str], base: Any, error: Exception
+) -> str:
     choices = {k for k, v in base.hydra.runtime.choices.items() if not k.startswith("hydra/")}
     for override in group_overrides:
         if override.startswith(("+", "~")):
             continue
-        group = override.split("=", 1)[0].split("@", 1)[0]
+        group, _, option = override.partition("=")
+        group = group.split("@", 1)[0]
         if not group.startswith("hydra/") and group not in choices:
             return (
                 f"{override}: python -m yolo5l.{config_name} has no {group} group (its groups: "
                 f"{', '.join(sorted(choices))})"
             )
+        options = loader.get_group_options(group)  # a --config-dir's own options too
+        if options and option not in options and option not in ("null", ""):
+            return f"unknown {group} {option!r}: choose one of {', '.join(options)}"
     return str(error).strip().splitlines()[0]
 
 
