@@ -131,7 +131,8 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
         _check_no_sweep(parsed)
     for o in parsed:
         if o.is_sweep_override() and o.is_hydra_override():
-            raise UserError(f"{o.input_line.strip()}: Hydra's own settings (hydra.*) are not swept; sweep the run's keys")
+            shown = o.input_line.strip()
+            raise UserError(f"{shown}: Hydra's own settings (hydra.*) are not swept; sweep the run's keys")
     _check_values(tree, values, config_name)
     if problem is not None:
         lines = [ln.strip() for ln in str(problem).strip().splitlines() if ln.strip()]
