@@ -212,6 +212,17 @@ def test_letterbox_returns_v7s_unrounded_pad():
     assert pad == (0.0, 0.0)
 
 
+@pytest.mark.parametrize(("shape", "target", "scaleup"), [((480, 640), 128, False), ((90, 60), 128, True)])
+def test_letterbox_resizes_bilinear_shrinking_too(shape, target, scaleup):
+    """v7.0's letterbox resizes with INTER_LINEAR whichever way (what predict's frames and the int8 calibration
+    images go through; datasets arrive resized by `resize_long_side`, INTER_AREA for validation)."""
+    img = np.random.default_rng(0).integers(0, 256, (*shape, 3), dtype=np.uint8)
+    out, _, _ = lbx.letterbox(img, target, scaleup=scaleup)
+    (w, h), (top, _, left, _), _, _ = lbx.letterbox_layout(shape, target, scaleup=scaleup)
+    np.testing.assert_array_equal(out[top : top + h, left : left + w], cv2.resize(img, (w, h)))
+    assert not np.array_equal(cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA), cv2.resize(img, (w, h)))
+
+
 def test_rect_batch_shapes_hand_values():
     shapes = np.array([[100, 200], [200, 100], [150, 150]])  # h/w = 0.5, 2, 1
     order, bs = lbx.rect_batch_shapes(shapes, batch_size=2, imgsz=320)

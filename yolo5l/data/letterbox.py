@@ -66,20 +66,21 @@ def letterbox(
         img: HWC uint8.
         new_shape: target (h, w), or an int for a square.
         auto: pad only up to the next multiple of ``stride`` (minimum rectangle) instead of to ``new_shape``.
-        scaleup: allow enlarging; validation uses False (only shrink, which then uses INTER_AREA).
+        scaleup: allow enlarging; validation uses False (only shrink).
 
     Returns:
         ``(image, (r, r), (pad_w, pad_h))``, as v7.0's: ``r`` the scale, and the pad half of each axis' total
         padding, a float that ends in .5 where the total is odd. The image itself then sits at ``pad - 0.5`` on
         that axis (its borders, :func:`letterbox_layout`, are whole pixels); v7.0's labels and box rescaling use the
-        unrounded pad, so boxes mapped with it agree with v7.0's. Reference: ultralytics/yolov5 v7.0
+        unrounded pad, so boxes mapped with it agree with v7.0's. The resize is INTER_LINEAR, enlarging or
+        shrinking, as v7.0's (predict's frames, the int8 calibration images; a dataset's images arrive resized by
+        :func:`resize_long_side`, which shrinks with INTER_AREA for validation). Reference: ultralytics/yolov5 v7.0
         utils/augmentations.py::letterbox.
     """
     shape = img.shape[:2]
     new_unpad, (top, bottom, left, right), r, pad = letterbox_layout(shape, new_shape, auto, scaleup, stride)
     if shape[::-1] != new_unpad:
-        interp = cv2.INTER_LINEAR if new_unpad[0] > shape[1] or new_unpad[1] > shape[0] else cv2.INTER_AREA
-        img = cv2.resize(img, new_unpad, interpolation=interp)
+        img = cv2.resize(img, new_unpad, interpolation=cv2.INTER_LINEAR)
     if top or bottom or left or right:
         img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(color, color, color))
     return img, (r, r), pad
