@@ -408,7 +408,11 @@ def test_resume_config_takes_the_checkpoints_run_and_only_allowed_overrides(tmp_
     assert (merged.model.width, merged.data.imgsz) == (0.25, 128)  # the run's own, not the defaults
     assert (merged.trainer.max_epochs, merged.data.num_workers) == (7, 1)  # allowed to change
     changed = compose_config(["model=yolov5s"], output_dir=tmp_path)
-    with pytest.raises(UserError, match=r"resume: model=yolov5s changes what the run in last\.ckpt trains"):
+    with pytest.raises(
+        UserError,
+        match=r"resume: model=yolov5s changes what the run in last\.ckpt trains "
+        r"\(model\.width is 0\.25 there, 0\.5 here\); drop it",
+    ):  # the leaf, not the whole node
         merge_resume_config(changed, saved, ["model=yolov5s"], "last.ckpt")
     same = compose_config(["model=yolov5n"], output_dir=tmp_path)
     assert merge_resume_config(same, saved, ["model=yolov5n"], "last.ckpt").model.width == 0.25  # agrees: fine

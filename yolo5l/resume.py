@@ -219,7 +219,7 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
         as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
         if as_plain[0] != as_plain[1]:
             raise UserError(
-                f"resume: {override} changes what the run in {path} trains ({key} is {as_plain[1]!r} there); "
+                f"resume: {override} changes what the run in {path} trains ({_difference(key, *as_plain)}); "
                 f"drop it to resume, or start a new run with weights={path}"
             )
     with open_dict(merged):
@@ -229,6 +229,20 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
         merged.trainer.precision = "auto"
         del merged.sources.trainer["precision"]
     return merged
+
+
+def _difference(key: str, mine: Any, theirs: Any, shown: int = 2) -> str:
+    """How a resume's value of `key` differs from the run's: the value there, or for a node (`model=yolov5s`) the
+    first `shown` leaves that differ, each with the value here."""
+    if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+        return f"{key} is {theirs!r} there"
+    leaves = []
+    for k in [*theirs, *(k for k in mine if k not in theirs)]:
+        a, b = mine.get(k), theirs.get(k)
+        if a != b:
+            leaves.append(_difference(f"{key}.{k}", a, b, shown=1) if isinstance(a, dict) and isinstance(b, dict)
+                          else f"{key}.{k} is {b!r} there, {a!r} here")  # fmt: skip
+    return "; ".join(leaves[:shown])
 
 
 def stored_config(resume: Any, runs_dir: str) -> dict[str, Any] | None:
