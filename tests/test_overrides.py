@@ -172,6 +172,8 @@ def _counted_app(monkeypatch):
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.hydra_config import HydraConfig
 
+    from yolo5l.run_info import source_of
+
     compositions, runs = [], []
     compose = ConfigLoaderImpl.load_configuration
 
@@ -184,7 +186,8 @@ def _counted_app(monkeypatch):
     @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="train")
     def app(cfg):
         hc = HydraConfig.get()
-        runs.append((hc.mode.name, int(cfg.data.imgsz), cfg.data.get("mine"), Path(hc.runtime.output_dir)))
+        imgsz_from = source_of("data.imgsz", list(hc.overrides.task), hc.runtime.choices)  # the start-up block's
+        runs.append((hc.mode.name, int(cfg.data.imgsz), cfg.data.get("mine"), Path(hc.runtime.output_dir), imgsz_from))
 
     return app, compositions, runs
 
@@ -197,7 +200,7 @@ def test_a_run_composes_its_config_once_and_a_sweep_once_before_its_jobs(tmp_pat
     app, compositions, runs = _counted_app(monkeypatch)
     run_hydra_app(app, "train", ["data.imgsz=96", "hydra.run.dir=run", *QUIET])
     assert len(compositions) == 1
-    assert runs == [("RUN", 96, None, tmp_path / "run")]
+    assert runs == [("RUN", 96, None, tmp_path / "run", "command line")]
     assert "imgsz: 96" in (tmp_path / "run/.hydra/config.yaml").read_text()
     compositions.clear(), runs.clear()
     run_hydra_app(app, "train", ["-m", "data.imgsz=64,96", "hydra.sweep.dir=sweep", *QUIET])
@@ -215,7 +218,8 @@ def test_a_run_composes_its_config_once_and_a_sweep_once_before_its_jobs(tmp_pat
 
 
 def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monkeypatch):
-    """`--config-dir` adds options (`data=mine`) that the check sees, as the run does; a typo is still one line."""
+    """`--config-dir` adds options (`data=mine`) that the check sees, as the run does, and the start-up block names as
+    the source of what they set; a typo is still one line."""
     from yolo5l._cli import run_hydra_app
 
     mine = tmp_path / "configs" / "data"
@@ -226,10 +230,10 @@ def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monke
     cd = ["--config-dir", str(tmp_path / "configs")]
     run_hydra_app(app, "train", [*cd, "data=mine", "hydra.run.dir=run", *QUIET])
     assert len(compositions) == 1
-    assert runs == [("RUN", 128, 1, tmp_path / "run")]
+    assert runs == [("RUN", 128, 1, tmp_path / "run", "data=mine")]  # the option's own file says 128
     with pytest.raises(UserError, match=r"^data\.imgsiz=3: unknown key data\.imgsiz; did you mean data\.imgsz\?$"):
         run_hydra_app(app, "train", [*cd, "data=mine", "data.imgsiz=3", *QUIET])
-    with pytest.raises(UserError, match=r"^unknown data 'mien': choose one of .*\bmine\b.*\bsynthetic\b"):
+    with pytest.raises(UserError, match=r"^unknown data 'mien': choose one of coco, coco128, mine, synthetic$"):
         run_hydra_app(app, "train", [*cd, "data=mien", *QUIET])
     with pytest.raises(UserError, match=r"^--config-dir nowhere: no such folder"):
         run_hydra_app(app, "train", ["--config-dir", "nowhere", *QUIET])

@@ -247,7 +247,7 @@ def _group_problem(
                 f"{override}: python -m yolo5l.{config_name} has no {group} group (its groups: "
                 f"{', '.join(sorted(choices))})"
             )
-        options = loader.get_group_options(group)  # a --config-dir's own options too
+        options = [o for o in loader.get_group_options(group) if not o.startswith("_")]  # a --config-dir's too
         if options and option not in options and option not in ("null", ""):
             return f"unknown {group} {option!r}: choose one of {', '.join(options)}"
     return str(error).strip().splitlines()[0]

@@ -47,12 +47,23 @@ DEFAULT = "default"  # the source of a value conf/ ships (the block shows none)
 FILE_DEFAULT = "v7.0's default for a dataset file"
 
 
-@cache
 def _option_keys(group: str, option: str) -> frozenset[str]:
-    """Every dotted key a `conf/<group>/<option>.yaml` sets (relative to its package), `defaults` left out."""
+    """Every dotted key the option's `<group>/<option>.yaml` sets (relative to its package), `defaults` left out: the
+    file of a `--config-dir` of the run's (searched first, as Hydra searches it), else yolo5l's `conf/`."""
+    from hydra.core.hydra_config import HydraConfig
+
+    dirs = []
+    if HydraConfig.initialized():
+        dirs = [str(s.path) for s in HydraConfig.get().runtime.config_sources if str(s.schema) == "file"]
+    return _keys_of_option(group, option, tuple(dirs))
+
+
+@cache
+def _keys_of_option(group: str, option: str, config_dirs: tuple[str, ...]) -> frozenset[str]:
     import yaml
 
-    path = files("yolo5l.conf").joinpath(group, f"{option}.yaml")
+    mine = [Path(d, group, f"{option}.yaml") for d in config_dirs]
+    path = next((p for p in mine if p.is_file()), files("yolo5l.conf").joinpath(group, f"{option}.yaml"))
     try:
         tree = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError):
