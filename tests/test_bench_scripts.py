@@ -292,3 +292,13 @@ def test_bench_input_runs_the_v7_loader_beside_yolo5l(tmp_path):
     assert ref["img_s"] > 0
     assert ref["images"] == 4
     assert any(ln.startswith("| v7.0 loader |") for ln in r.stdout.splitlines())
+
+
+@pytest.mark.bench
+def test_bench_compose_counts_and_times_both_runners():
+    """The old path composes three times (the check's, then `@hydra.main`'s two), yolo5l's runner once."""
+    r = _script("bench_compose.py", "--rounds", "2", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert any(ln.startswith("check + @hydra.main") and " 3 compositions " in ln for ln in lines), r.stdout
+    assert any(ln.startswith("run_hydra_app") and " 1 compositions " in ln for ln in lines), r.stdout
