@@ -235,5 +235,9 @@ def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monke
         run_hydra_app(app, "train", [*cd, "data=mine", "data.imgsiz=3", *QUIET])
     with pytest.raises(UserError, match=r"^unknown data 'mien': choose one of coco, coco128, mine, synthetic$"):
         run_hydra_app(app, "train", [*cd, "data=mien", *QUIET])
+    (tmp_path / "configs" / "extra").mkdir()  # a group of the user's own, picked with + (train's defaults lack it)
+    (tmp_path / "configs" / "extra" / "one.yaml").write_text("# @package _global_\ndata:\n  imgsz: 160\n")
+    run_hydra_app(app, "train", [*cd, "+extra=one", "hydra.run.dir=run2", *QUIET])
+    assert runs[-1][1] == 160
     with pytest.raises(UserError, match=r"^--config-dir nowhere: no such folder"):
         run_hydra_app(app, "train", ["--config-dir", "nowhere", *QUIET])

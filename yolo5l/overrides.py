@@ -113,8 +113,12 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
         raise UserError(_parse_problem(overrides, e)) from None
-    groups = [o for o in parsed if _is_group(o.key_or_group)]
-    values = [o for o in parsed if not _is_group(o.key_or_group)]
+
+    def is_group(key: str) -> bool:  # a --config-dir may add groups of its own
+        return _is_group(key) or (loader.own_configs and loader.repository.group_exists(key.split("@", 1)[0]))
+
+    groups = [o for o in parsed if is_group(o.key_or_group)]
+    values = [o for o in parsed if not is_group(o.key_or_group)]
     loader.before_overrides = None
     cfg, problem = None, None
     try:  # sweeps are checked below, with the mode the config asks for (`hparams_search=evolve` implies -m)
@@ -141,7 +145,8 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
 
 
 def _check_values(tree: dict[str, Any], values: Sequence[Any], config_name: str) -> None:
-    """Walk the key overrides in order against `tree` (the config before them), applying each to a copy."""
+    """Walk the key overrides in order against `tree` (the config before them), applying each to it; a resumed run
+    walks them again against the config its checkpoint holds (keys its first command line added are there)."""
     composed = copy.deepcopy(tree)
     try:
         for o in values:
