@@ -241,3 +241,22 @@ def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monke
     assert runs[-1][1] == 160
     with pytest.raises(UserError, match=r"^--config-dir nowhere: no such folder"):
         run_hydra_app(app, "train", ["--config-dir", "nowhere", *QUIET])
+
+
+@pytest.mark.parametrize(
+    ("argv", "overrides", "multirun"),
+    [
+        (["data=coco", "-m", "data.batch_size=16,32", "seed=1"], ["data=coco", "data.batch_size=16,32", "seed=1"],
+         True),
+        (["-m", "seed=1,2"], ["seed=1,2"], True),
+        (["seed=1,2", "-m"], ["seed=1,2"], True),
+        (["seed=1", "--config-dir", "configs", "data=mine"], ["seed=1", "data=mine"], False),
+    ],
+)  # fmt: skip
+def test_overrides_on_both_sides_of_an_option_are_all_taken_in_order(argv, overrides, multirun):
+    """argparse takes the first run of overrides only (Hydra's own parser then refuses the rest): none is lost."""
+    from yolo5l.overrides import parse_command_line
+
+    args, got = parse_command_line(argv, "train")
+    assert got == overrides
+    assert bool(args.multirun) is multirun

@@ -168,7 +168,8 @@ def parse_command_line(argv: Sequence[str], config_name: str) -> tuple[Any, list
     what to write instead."""
     from hydra._internal.utils import get_args_parser
 
-    args, unknown = get_args_parser().parse_known_args(list(argv))
+    parser = get_args_parser()
+    args, unknown = parser.parse_known_args(list(argv))
     for item in unknown:
         if item.startswith("-"):
             option = item.split("=", 1)[0]
@@ -179,6 +180,8 @@ def parse_command_line(argv: Sequence[str], config_name: str) -> tuple[Any, list
             if without:
                 hint = f"v7.0's {option} has no counterpart here: {without}"
             raise UserError(f"unknown option {option}: yolo5l takes key=value overrides; {hint}")
+    if unknown:  # overrides on both sides of an option (`data=coco -m data.batch_size=16,32`): all of them, in order
+        args = parser.parse_intermixed_args(list(argv))
     return args, [str(o) for o in args.overrides or []]
 
 
