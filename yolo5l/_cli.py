@@ -282,6 +282,12 @@ _NOISE = (
     "TPU available: ",
     "HPU available: ",
 )
+#: Lightning's hint to log with sync_dist=True, for the epoch-level values yolo5l logs that are the same on every
+#: rank already (the mAPs from the gathered metric states, the learning rates) or rank 0's own (throughput).
+_SAME_ON_EVERY_RANK = re.compile(
+    r"self\.log\('(?:val/(?:map|map_50|precision|recall|fitness)|train/(?:lr\d+|images_per_sec|data_wait))', "
+    r"\.\.\., sync_dist=True\)"
+)
 
 
 def _not_noise(record: logging.LogRecord) -> bool:
@@ -299,6 +305,7 @@ def one_console_line_per_log() -> None:
 
     for text in _NOISE:
         warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
+    warnings.filterwarnings("ignore", message=f".*{_SAME_ON_EVERY_RANK.pattern}")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_not_noise)
     if not logging.getLogger().handlers:

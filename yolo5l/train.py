@@ -34,6 +34,7 @@ from yolo5l.base.console import fail, info
 from yolo5l.base.errors import UserError
 from yolo5l.callbacks.checkpoint import RunConfig
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
+from yolo5l.callbacks.spawned import SpawnedConsole, adopt_fit_state, fit_ran_elsewhere
 from yolo5l.config import check_train_config
 from yolo5l.effective_config import EffectiveConfig
 from yolo5l.final_val import validate_best
@@ -101,6 +102,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     warn_if_crowded(cfg, check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN))
 
     datamodule, module, trainer = build(cfg)  # the start-up block is printed as fitting starts (EffectiveConfig)
+    if spawned := fit_ran_elsewhere(trainer):  # ddp_spawn: the ranks get this command's console and run logs
+        trainer.callbacks.append(SpawnedConsole(output_dir, hc.job.name, tidy=one_console_line_per_log))
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
         if int(cfg.data.batch_size) == -1:
             settle(cfg, "data.batch_size", instantiate(cfg.tune)(trainer, module, datamodule), "batch search")
@@ -117,6 +120,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             raise_if_rank_lost(trainer, e)  # a collective failed for a rank that is gone: its line, exit status 75
             raise
         wall = time.perf_counter() - t0
+        if spawned:
+            adopt_fit_state(trainer)  # the callbacks' state and epochs from the checkpoint the ranks wrote
 
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's

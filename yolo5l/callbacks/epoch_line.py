@@ -11,6 +11,7 @@ the progress bar (tqdm's `write`), never on the bar's own line.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -51,6 +52,16 @@ class EpochLine(Callback):
         self.epochs_run = 0
         self._t0 = time.perf_counter()
         self._validated = False
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        # In checkpoints for the process that waits while launched ones train (yolo5l.callbacks.spawned): the
+        # epoch this command started at. A resumed fit counts its own from on_train_start.
+        return {"first_epoch": self.first_epoch}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.first_epoch = state_dict.get("first_epoch")
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

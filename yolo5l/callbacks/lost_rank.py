@@ -147,6 +147,17 @@ class LostRankWatch(Callback):
         self._stop = threading.Event()
         self._observer: threading.Thread | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # trainer.strategy=ddp_spawn pickles the trainer and its callbacks for each process it starts: the
+        # observer thread and its event stay with the process that made them, each copy gets its own.
+        state = self.__dict__.copy()
+        state["_stop"], state["_observer"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stop = threading.Event()
+
     # ---- hooks ---------------------------------------------------------------------------------------------------
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

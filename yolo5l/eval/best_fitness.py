@@ -73,6 +73,10 @@ class ReadsBestFitness:
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         super().setup(trainer, pl_module, stage)  # type: ignore[misc]
+        self.read_record(pl_module)
+
+    def read_record(self, pl_module: Any) -> None:
+        """Read the run's record from `pl_module` from now on."""
         self._record = best_of(pl_module)
 
 

@@ -169,6 +169,9 @@ class YOLOv5Module(pl.LightningModule):
         return list(self.hparams.names)
 
     def setup(self, stage: str) -> None:
+        # Own metric states: ddp_spawn on the CPU hands the module to each rank in shared memory and Lightning
+        # un-shares parameters and buffers only (the ranks would count into one image counter until a reset).
+        self.map_metric.reset()
         if self.hparams.channels_last:
             self.model.to(memory_format=torch.channels_last)
         if self.hparams.compile and stage == "fit":

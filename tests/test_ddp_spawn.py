@@ -1,0 +1,159 @@
+"""`trainer.strategy=ddp_spawn`: Lightning's launcher starts the ranks from a pickled trainer, and the command that
+called fit only waits (yolo5l.callbacks.spawned). The runs go through the real entry point on the CPU (gloo)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from yolo5l.tracking.loggers import read_metrics_csv
+
+_NUM_VAL = 16
+
+
+def _train(tmp_path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            sys.executable, "-m", "yolo5l.train", "experiment=smoke", "logger=csv",
+            f"data.synthetic.root={tmp_path / 'synthetic'}", f"data.synthetic.num_val={_NUM_VAL}",
+            "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", *args,
+        ],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
+def _losses(run) -> list[float]:
+    rows = read_metrics_csv(run / "metrics.csv")
+    return [float(r[k]) for r in rows for k in ("train/loss_box", "train/loss_obj", "train/loss_cls")]
+
+
+@pytest.mark.heavy
+def test_a_ddp_spawn_run_trains_and_reports_as_a_ddp_run(tmp_path):
+    """The ranks pickle (a callback held a thread lock), count their own validation images (the metric's states came
+    in shared memory), write the run logs, and the closing block knows the epochs and the best and last rows; the
+    losses are the ones `trainer.strategy=ddp` trains."""
+    spawn_run, ddp_run = tmp_path / "spawn", tmp_path / "ddp"
+    r = _train(tmp_path, f"hydra.run.dir={spawn_run}", "trainer.strategy=ddp_spawn")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "Training done in" in out, out[-2000:]
+    assert ", 2 epochs. Outputs:" in out, out[-2000:]
+    assert re.search(r"best \(epoch \d\): P ", out)
+    assert "last (epoch 1): P " in out
+    tables = re.findall(r"^\s+all\s+(\d+)\s+\d+\s", out, flags=re.M)
+    assert tables
+    assert {int(n) for n in tables} == {_NUM_VAL}, tables  # not twice the images
+    assert "sync_dist=True" not in out  # the values are the same on every rank already
+    assert not re.search(r"^\S+\.py:\d+: \w*Warning", out, flags=re.M)  # warnings in the command's one-line form
+    log = (spawn_run / "train.log").read_text()
+    assert "epoch 1/2" in log
+    assert "Training done in" in log
+    assert (spawn_run / "train_ddp_process_1.log").is_file()
+    assert len(read_metrics_csv(spawn_run / "metrics.csv")) == 2
+
+    r = _train(tmp_path, f"hydra.run.dir={ddp_run}", "trainer.strategy=ddp")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _losses(spawn_run) == pytest.approx(_losses(ddp_run), rel=1e-5)
+    spawn_ckpt = torch.load(spawn_run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    ddp_ckpt = torch.load(ddp_run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert spawn_ckpt["global_step"] == ddp_ckpt["global_step"] > 0
+    for key, value in ddp_ckpt["state_dict"].items():
+        if value.is_floating_point():  # each rank stepped its own weights once (not twice into shared ones)
+            torch.testing.assert_close(spawn_ckpt["state_dict"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.heavy
+def test_a_sweep_with_ddp_spawn_runs_as_the_refusal_of_ddp_advises(tmp_path):
+    r = _train(
+        tmp_path,
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "trainer.strategy=ddp_spawn",
+        "trainer.max_epochs=1",
+        "seed=1",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = (tmp_path / "sweep" / "summary.md").read_text()
+    assert re.search(r"trainer\.strategy=ddp_spawn seed=1` \|.*\| finished \|", summary), summary
+
+
+def test_the_lost_rank_watch_pickles_without_its_thread():
+    from yolo5l.callbacks.lost_rank import LostRankWatch
+
+    watch = LostRankWatch(collective_timeout_s=30.0)
+    copy = pickle.loads(pickle.dumps(watch))
+    assert copy.collective_timeout_s == 30.0
+    assert copy._observer is None
+    assert copy._stop is not watch._stop
+    assert not copy._stop.is_set()
+
+
+def test_the_spawned_console_acts_only_in_a_started_process(tmp_path, monkeypatch):
+    from yolo5l.callbacks.spawned import SpawnedConsole
+
+    class Trainer:
+        global_rank = 1
+
+    console = SpawnedConsole(tmp_path, "train")
+    assert console.log_path(0) == tmp_path / "train.log"
+    assert console.log_path(1) == tmp_path / "train_ddp_process_1.log"
+    console.setup(Trainer(), None, "fit")  # the process that made it: its own console stays as it is
+    assert console._log is None
+    assert not console.log_path(1).exists()
+    started = pickle.loads(pickle.dumps(console))
+    tidied = []
+    started.tidy = lambda: tidied.append(True)  # the command's: yolo5l._cli.one_console_line_per_log
+    monkeypatch.setattr(os, "getpid", lambda: console._pid + 1)  # as in a rank the launcher started
+    started.setup(Trainer(), None, "fit")
+    try:
+        print("a line of rank 1")
+        warnings.warn("a warning of rank 1", UserWarning, stacklevel=1)
+    finally:
+        started.teardown(Trainer(), None, "fit")
+    assert tidied == [True]
+    assert console.log_path(1).read_text().splitlines() == ["a line of rank 1", "warning: a warning of rank 1"]
+
+
+def test_lightnings_sync_hint_is_left_out_for_values_the_same_on_every_rank():
+    from yolo5l._cli import _SAME_ON_EVERY_RANK
+
+    def hint(key: str) -> str:  # Lightning's words (logger_connector/result.py)
+        return (
+            f"It is recommended to use `self.log({key!r}, ..., sync_dist=True)` when logging on epoch level in "
+            "distributed setting to accumulate the metric across devices."
+        )
+
+    for key in ("val/map", "val/map_50", "val/fitness", "train/lr0", "train/lr2", "train/images_per_sec"):
+        assert re.match(f".*{_SAME_ON_EVERY_RANK.pattern}", hint(key)), key
+    for key in ("val/my_metric", "train/loss_box", "val/mapping"):  # a user's own value keeps Lightning's hint
+        assert not re.match(f".*{_SAME_ON_EVERY_RANK.pattern}", hint(key)), key
+
+
+def test_the_modules_set_up_gives_it_metric_states_of_its_own(tiny_module):
+    """What ddp_spawn on the CPU hands each rank: metric states in shared memory (the ranks added into one)."""
+    module = tiny_module()
+    metric = module.map_metric
+    metric.num_images += 3
+    metric.num_images.share_memory_()
+    shared = metric.num_images
+    module.setup("fit")
+    assert metric.num_images is not shared
+    assert not metric.num_images.is_shared()
+    assert int(metric.num_images) == 0
+
+
+def test_the_epoch_line_keeps_the_first_epoch_of_the_command_in_checkpoints():
+    from yolo5l.callbacks.epoch_line import EpochLine
+
+    line = EpochLine()
+    line.first_epoch = 3
+    restored = EpochLine()
+    restored.load_state_dict(line.state_dict())
+    assert restored.first_epoch == 3
