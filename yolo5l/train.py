@@ -103,7 +103,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule, module, trainer = build(cfg)  # the start-up block is printed as fitting starts (EffectiveConfig)
     if spawned := fit_ran_elsewhere(trainer):  # ddp_spawn: the ranks get this command's console and run logs
-        trainer.callbacks.append(SpawnedConsole(output_dir, hc.job.name, tidy=one_console_line_per_log))
+        trainer.callbacks.insert(0, SpawnedConsole(output_dir, hc.job.name, tidy=one_console_line_per_log))
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
         if int(cfg.data.batch_size) == -1:
             settle(cfg, "data.batch_size", instantiate(cfg.tune)(trainer, module, datamodule), "batch search")
