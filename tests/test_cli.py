@@ -360,3 +360,38 @@ def test_device_pipeline_learns_as_the_host_pipeline(tmp_path):
     print(f"best mAP@0.5: {best}")
     assert best["device"] > 0.5, best
     assert abs(best["device"] - best["host"]) < 0.15, best  # seeds alone spread mAP@0.5 over 0.64-0.88
+
+
+def _hydra_cfg(tmp_path, mode: str, run_dir: str):
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"hydra": {"run": {"dir": run_dir}, "sweep": {"dir": f"{tmp_path}/sweep/${{now:%Y}}"}}})
+    cfg.hydra.mode = RunMode[mode]
+    return cfg
+
+
+def test_a_command_started_in_the_same_second_gets_a_run_folder_of_its_own(tmp_path):
+    """Two commands whose time stamp is the same (two GPUs, a script's parallel runs) shared one folder and wrote
+    over each other's checkpoints; now the second takes `<stamp>_2`, as v7.0 numbers exp, exp2."""
+    from hydra.core.utils import setup_globals
+
+    from yolo5l._cli import claim_run_folder
+
+    setup_globals()  # Hydra's ${now:...} resolver, as a command has it
+
+    stamped = f"{tmp_path}/train/${{now:%Y}}"
+    first, second = _hydra_cfg(tmp_path, "RUN", stamped), _hydra_cfg(tmp_path, "RUN", stamped)
+    one, two = claim_run_folder(first, ["seed=1"]), claim_run_folder(second, ["seed=2"])
+    assert two == one.with_name(f"{one.name}_2")
+    assert one.is_dir()
+    assert two.is_dir()
+    assert (first.hydra.run.dir, second.hydra.run.dir) == (str(one), str(two))  # fixed: no second ${now:...}
+    sweep = claim_run_folder(_hydra_cfg(tmp_path, "MULTIRUN", stamped), [])
+    assert sweep.parent == tmp_path / "sweep"
+
+    typed = _hydra_cfg(tmp_path, "RUN", stamped)
+    assert claim_run_folder(typed, [f"hydra.run.dir={one}"]) is None  # a folder the user names is written into
+    assert claim_run_folder(_hydra_cfg(tmp_path, "RUN", f"{tmp_path}/mine"), []) is None
+    assert not (tmp_path / "mine").exists()
+    assert sorted(p.name for p in (tmp_path / "train").iterdir()) == [one.name, two.name]
