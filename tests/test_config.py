@@ -133,6 +133,12 @@ def test_public_override_names(tmp_path):
     assert list(cfg.freeze) == [0, 1, 2]
 
 
+def test_compose_config_names_a_string_where_a_list_was_meant(tmp_path):
+    for wrong in ("train", "model=yolov5n"):
+        with pytest.raises(TypeError, match=r"compose_config: overrides is a list of 'key=value' strings"):
+            compose_config(wrong, output_dir=tmp_path)
+
+
 def test_scratch_high_differs_from_low_where_yolov5_does(tmp_path):
     low = compose_config(output_dir=tmp_path).hyp
     high = compose_config(["hyp=scratch-high"], output_dir=tmp_path).hyp

@@ -65,6 +65,11 @@ def compose_config(
     """
     from yolo5l.io.hyp_file import apply_hyp_file, hyp_file_argv
 
+    if isinstance(overrides, str):  # compose_config("train") or compose_config("model=yolov5n"): a list was meant
+        raise TypeError(
+            f"compose_config: overrides is a list of 'key=value' strings, got the string {overrides!r}: e.g. "
+            "compose_config(['model=yolov5n'], config_name='train')"
+        )
     overrides = hyp_file_argv(list(overrides or []))  # hyp=path/to/hyp.yaml, as on the command line
     with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
         cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
