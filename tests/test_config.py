@@ -319,7 +319,7 @@ def test_num_devices_uses_lightnings_parser():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["data.imgsz=100"], "multiple of 32, .*: try 96 or 128"),
+        (["data.imgsz=-64"], "data.imgsz=-64 must be a positive image size in pixels"),
         (["data.imgsz=abc"], "data.imgsz='abc' must be a whole number"),
         (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
         (["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),
@@ -470,3 +470,34 @@ def test_every_conf_folder_ships_in_the_wheel():
         if p.is_dir() and any(p.glob("*.yaml"))
     }
     assert folders <= packages, f"add to pyproject's packages: {sorted(folders - packages)}"
+
+
+@pytest.mark.parametrize(
+    ("typed", "stride", "used", "says"),
+    [
+        (100, 32, 128, "data.imgsz=100 is not a multiple of 32, the model's largest stride: using data.imgsz=128"),
+        (32, 32, 64, "data.imgsz=32 is below 64, twice the model's largest stride: using data.imgsz=64"),
+        (96, 64, 128, "data.imgsz=96 is not a multiple of 64, the model's largest stride: using data.imgsz=128"),
+        (640, 32, 640, None),
+    ],
+)
+def test_training_rounds_an_image_size_up_as_v7_train_does(tmp_path, capsys, typed, stride, used, says):
+    """v7.0's train.py: `check_img_size(opt.imgsz, gs, floor=gs * 2)`, one warning line (it was refused here)."""
+    from yolo5l.train import fit_image_size
+
+    cfg = compose_config(["experiment=smoke", f"data.imgsz={typed}"], output_dir=tmp_path)
+    check_train_config(cfg)  # not refused
+    assert fit_image_size(cfg, stride) == used
+    assert cfg.data.imgsz == used
+    printed = "".join(capsys.readouterr())
+    assert (says in printed) if says else "warning" not in printed
+
+
+def test_the_start_up_block_says_why_the_training_size_is_not_the_one_typed(tmp_path):
+    from yolo5l.train import build
+
+    cfg = compose_config(["experiment=smoke", "data.imgsz=100"], output_dir=tmp_path)
+    datamodule, _, _ = build(cfg)
+    assert datamodule.imgsz == 128
+    assert cfg.data.imgsz == 128
+    assert cfg.sources.data.imgsz == "command line: 100 rounded up to a multiple of 32, at least 64"

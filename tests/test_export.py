@@ -251,7 +251,7 @@ def test_command_writes_beside_the_weights_and_prints_the_difference(command, tm
     [
         (["half=true", "device=cpu"], "error: half=true needs a CUDA device (device=cuda), not cpu"),
         (["format=pdf"], "error: format='pdf' is not one of: onnx, torchscript, openvino, tflite, ncnn, coreml"),
-        (["imgsz=100"], "error: imgsz=100 is not a positive multiple of 32"),
+        (["imgsz=0"], "error: imgsz=0 must be a positive image size in pixels"),
         (["batch=0"], "error: batch=0 must be at least 1"),
         (["opset=9"], "error: opset=9 must be at least 11"),
         (["format=torchscript", "simplify=true"], "error: simplify=true applies to format=onnx"),
@@ -348,6 +348,19 @@ def test_image_size_defaults_to_the_one_the_weights_record(tmp):
     cfg = compose_config([f"weights={weights}", "device=cpu"], config_name="export", output_dir=tmp / "run_sized")
     _, _, imgsz, _ = load_exported(export_weights(cfg))
     assert imgsz == 64
+
+
+def test_a_size_off_the_stride_is_rounded_up_as_v7_exports_it(tmp, capsys):
+    model = YOLOv5.from_name("yolov5n", num_classes=2)
+    weights = save_weights(model, tmp / "off_stride.pt", imgsz=64)
+    cfg = compose_config([f"weights={weights}", "device=cpu", "imgsz=[40,70]"], config_name="export",
+                         output_dir=tmp / "run_off_stride")  # fmt: skip
+    graph = onnx.load(str(export_weights(cfg))).graph
+    assert [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 96]
+    err = capsys.readouterr()
+    lines = (err.out + err.err).splitlines()
+    assert any("imgsz=40 is not a multiple of 32, the model's largest stride: using imgsz=64" in ln for ln in lines)
+    assert any("imgsz=70 is not a multiple of 32, the model's largest stride: using imgsz=96" in ln for ln in lines)
 
 
 @pytest.mark.slow

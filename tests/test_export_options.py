@@ -267,7 +267,7 @@ def test_a_list_checks_every_format_can_be_written_before_the_first(weights, tmp
         (["format=tflite", "imgsz=[64,96]"],
          "imgsz=[64,96]: format=tflite files are written square; pass one size (imgsz=96), or use "
          "format=onnx|torchscript|openvino|engine for a rectangular input"),
-        (["imgsz=[64,100]"], "imgsz=100 is not a positive multiple of 32"),
+        (["imgsz=[64,-32]"], "imgsz=-32 must be a positive image size in pixels"),
         (["imgsz=[64,96,128]"], "imgsz=[64,96,128] must be one size (imgsz=640) or [height,width] (imgsz=[480,640])"),
         (["agnostic_nms=true"], "agnostic_nms sets the NMS inside the file: add nms=true (format=onnx), or drop"),
         (["nms=true", "topk_per_class=0"], "topk_per_class=0 must be an integer of at least 1, or null (max_det)"),

@@ -26,7 +26,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import yolo5l.base.resolvers  # noqa: F401 - the resolvers conf/ uses
 from yolo5l.base.errors import UserError
-from yolo5l.base.image_size import check_image_size
 
 __all__ = [
     "CONFIG_MODULE",
@@ -206,13 +205,11 @@ def _int(node: Any, key: str, minimum: int | None = None, allow: Sequence[Any] =
     return value
 
 
-def _check_imgsz(imgsz: int, key: str, any_size: bool = False) -> None:
-    """Refuse a size that is not positive, or (unless `any_size`: val and predict round it up to the model's stride,
-    `yolo5l.base.image_size.fit_to_stride`) not a multiple of 32."""
-    if imgsz <= 0 and any_size:
+def _check_imgsz(imgsz: int, key: str) -> None:
+    """Refuse a size that is not positive; one that is not a multiple of the model's stride is rounded up by the
+    command once the model is loaded (`yolo5l.base.image_size.fit_to_stride`), as v7.0's `check_img_size`."""
+    if imgsz <= 0:
         raise UserError(f"{key}={imgsz} must be a positive image size in pixels, e.g. {key}=640")
-    if not any_size:
-        check_image_size(imgsz, key=key)
 
 
 def _check_file(value: Any, key: str, hint: str) -> None:
@@ -229,13 +226,13 @@ def _check_weights(value: Any) -> None:
         _check_file(value, "weights", "pass a yolo5l weights.pt / last.ckpt, an ultralytics yolov5*.pt or a URL")
 
 
-def _check_data(data: DictConfig, any_size: bool = False) -> None:
+def _check_data(data: DictConfig) -> None:
     from yolo5l.data.dataset_yaml import preset_name
 
     if preset_name(data.get("file")) is None:  # a preset's data.yaml (data=coco128) is written on first load
         _check_file(data.get("file"), "data.file", "pass the path of a dataset yaml, or data=synthetic")
     if data.get("imgsz") is not None:  # null (val): the size the weights were trained at
-        _check_imgsz(_int(data, "data.imgsz"), "data.imgsz", any_size)
+        _check_imgsz(_int(data, "data.imgsz"), "data.imgsz")
     _int(data, "data.num_workers", minimum=0, allow=("auto",))
     if data.get("val_batch_size") is not None:
         _int(data, "data.val_batch_size", minimum=1)
@@ -282,7 +279,7 @@ def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
     _check_trainer(cfg.trainer)
     if cfg.data.get("imgsz") is None:
         raise UserError("data.imgsz=null: training needs an image size (a multiple of 32), e.g. data.imgsz=640")
-    _check_data(cfg.data)
+    _check_data(cfg.data)  # a size off the stride is rounded up as the model is built (yolo5l.train)
     _check_module(cfg.module)
     world = num_devices(cfg.trainer)
     batch = _int(cfg.data, "data.batch_size")
@@ -323,7 +320,7 @@ def check_val_config(cfg: DictConfig) -> None:
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
     _check_weights(cfg.weights)
     _check_trainer(cfg.trainer)
-    _check_data(cfg.data, any_size=True)  # rounded up to the model's stride once it is loaded
+    _check_data(cfg.data)  # a size off the stride is rounded up once the model is loaded
     _check_module(cfg.module)
 
 
@@ -337,7 +334,7 @@ def check_predict_config(cfg: DictConfig) -> None:
     _missing(cfg, "source", "pass source=<an image, a folder or a list [a.jpg,b.jpg]>")
     _check_weights(cfg.weights)
     if cfg.get("imgsz") is not None:
-        _check_imgsz(_int(cfg, "imgsz"), "imgsz", any_size=True)  # rounded up to the model's stride once loaded
+        _check_imgsz(_int(cfg, "imgsz"), "imgsz")  # rounded up to the model's stride once loaded
     _int(cfg, "max_det", minimum=1)
 
 
@@ -361,7 +358,7 @@ def check_export_config(cfg: DictConfig) -> None:
     _check_weights(cfg.weights)
     formats = parse_formats(cfg.get("format"))
     for side in dict.fromkeys(export_imgsz(cfg.get("imgsz")) or ()):
-        _check_imgsz(side, "imgsz")
+        _check_imgsz(side, "imgsz")  # rounded up to the model's stride once loaded
     _int(cfg, "batch", minimum=1)
     _int(cfg, "opset", minimum=11)  # the decode's dynamic arange and Resize need opset 11 or later
     for key in ("dynamic", "half", "simplify", "int8", "nms", "optimize"):

@@ -76,8 +76,9 @@ def export_formats(cfg: DictConfig) -> dict[str, Path]:
         `{format: file or folder written}`, in the order asked.
     """
     from yolo5l.base.hardware import inference_device
+    from yolo5l.base.image_size import fit_to_stride
     from yolo5l.io.download import weights_url
-    from yolo5l.models.model_source import check_stride
+    from yolo5l.models.model_source import model_stride
     from yolo5l.models.weights import load_weights, resolve_weights
 
     check_export_config(cfg)
@@ -98,8 +99,8 @@ def export_formats(cfg: DictConfig) -> dict[str, Path]:
         raise UserError(str(e).splitlines()[0]) from None
     # The training size where the weights file records one; else YOLOv5's 640.
     size = export_imgsz(cfg.imgsz) or (int(getattr(load_info, "imgsz", None) or DEFAULT_IMGSZ),) * 2
-    for side in dict.fromkeys(size):
-        check_stride(model, side, "imgsz")
+    stride = model_stride(model)  # as v7.0's export.py: a size off the stride is rounded up, with a warning
+    size = tuple(fit_to_stride(side, stride, "imgsz") for side in size)
     imgsz = size[0] if size[0] == size[1] else size
     opt = ExportOptions(
         imgsz=imgsz, batch=int(cfg.batch), dynamic=bool(cfg.dynamic), half=bool(cfg.half), int8=bool(cfg.int8),

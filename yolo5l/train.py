@@ -27,7 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
 from yolo5l.base.console import fail, info
@@ -56,18 +56,24 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch import seed_everything
 
     from yolo5l.base.hardware import resolve_precision, use_tensor_cores
+    from yolo5l.base.image_size import MAX_STRIDE
     from yolo5l.callbacks.progress_bar import with_console_progress
     from yolo5l.callbacks.sweep import SweepSummary
-    from yolo5l.models.model_source import build_model, check_stride
+    from yolo5l.models.model_source import build_model, model_stride
     from yolo5l.models.yolo import freeze_layers
     from yolo5l.training.amp_check import check_amp
 
     seed_everything(int(cfg.seed), workers=True, verbose=False)
+    typed_size = int(cfg.data.imgsz)
+    fit_image_size(cfg, MAX_STRIDE)
     datamodule = instantiate(cfg.data, _convert_="all")
     model, loaded = build_model(cfg, datamodule.num_classes)  # cfg.model gets what was built (resume rebuilds it)
     if line := model_source_line(cfg, model, loaded):
         info(line)
-    datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # 64 for P6: rectangular batches use it
+    stride = model_stride(model)  # 64 for P6: its sizes and rectangular batches are multiples of it
+    if fit_image_size(cfg, stride) != datamodule.imgsz:
+        datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.stride = stride
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
     if frozen:
         info(f"froze {len(frozen)} parameter tensors (freeze={cfg.freeze})")
@@ -91,7 +97,22 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         cfg.trainer, callbacks=callbacks, logger=loggers or False, precision=precision, _convert_="all"
     )
     settle_build(cfg, datamodule, trainer, precision, loaded is not None, effective.overrides, effective.choices)
+    if int(cfg.data.imgsz) != typed_size:
+        why = f"{typed_size} rounded up to a multiple of {stride}, at least {2 * stride}"
+        settle(cfg, "data.imgsz", None, f"{cfg.sources.data.imgsz}: {why}")
     return datamodule, module, trainer
+
+
+def fit_image_size(cfg: DictConfig, stride: int) -> int:
+    """`data.imgsz` rounded up in place to a multiple of `stride` and to at least twice it, with a warning, as v7.0's
+    train.py (`check_img_size(opt.imgsz, gs, floor=gs * 2)`); returns it."""
+    from yolo5l.base.image_size import fit_to_stride
+
+    imgsz = fit_to_stride(int(cfg.data.imgsz), stride, floor=2 * stride)
+    if imgsz != int(cfg.data.imgsz):  # else the value stays as composed (its source reads the interpolation)
+        with open_dict(cfg):
+            cfg.data.imgsz = imgsz
+    return imgsz
 
 
 def train(cfg: DictConfig) -> dict[str, float]:

@@ -64,7 +64,7 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.base.hardware import resolve_precision
     from yolo5l.callbacks.val_plots import ValidationPlots
     from yolo5l.deploy.exported import is_exported
-    from yolo5l.models.model_source import check_stride
+    from yolo5l.models.model_source import model_stride
     from yolo5l.models.weights import load_weights, resolve_weights
 
     if str(cfg.task) in ("speed", "study"):
@@ -78,7 +78,7 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
     _set_imgsz(cfg, loaded.imgsz, int(model.stride.max()))
     data_from_weights(cfg, loaded.data)  # without data= on the command line: the weights' own dataset
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
-    datamodule.stride = check_stride(model, int(cfg.data.imgsz))  # rectangular batches: multiples of it
+    datamodule.stride = model_stride(model)  # rectangular batches: multiples of it (_set_imgsz fitted the size)
     if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0
         raise UserError(
             f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "

@@ -1,6 +1,8 @@
-"""Image sizes and the model's stride, one owner for all of it: a training image size is a positive multiple of the
-model's largest stride (32 for YOLOv5's P5 models, 64 for P6), the one-line refusal of one that is not, and the
-rounding up that val and predict do instead, as ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
+"""Image sizes and the model's stride, one owner for all of it: an image size is a positive multiple of the model's
+largest stride (32 for YOLOv5's P5 models, 64 for P6). A size typed that is not one is rounded up with a warning by
+every command, as ultralytics/yolov5 v7.0 `utils/general.py::check_img_size` (training to at least twice the stride,
+as v7.0's train.py); the one-line refusal is for sizes that cannot be rounded for the user (a dataset component
+built on its own, val's study sizes).
 """
 
 from __future__ import annotations
@@ -37,17 +39,20 @@ def check_image_size(imgsz: int, stride: int = MAX_STRIDE, key: str = "data.imgs
     raise ImageSizeError(f"{key}={imgsz} is not a positive multiple of {stride}, the largest stride{whose}: try {fits}")
 
 
-def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz") -> int:
-    """An image size rounded up to a multiple of ``stride`` (at least 32), with one warning line naming the new size
-    when it changes: what `val` and `predict` do, as v7.0's val.py and detect.py do (training refuses instead,
-    `check_image_size`).
+def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz", floor: int = 0) -> int:
+    """An image size rounded up to a multiple of ``stride`` (at least 32) and to at least ``floor``, with one warning
+    line naming the new size when it changes, as v7.0's train.py (floor: twice the stride), val.py, detect.py and
+    export.py do.
 
     Reference: ultralytics/yolov5 v7.0 `utils/general.py::check_img_size`.
     """
     from yolo5l.base.console import warn
 
     stride = max(int(stride), MAX_STRIDE)
-    fitted = -(-int(imgsz) // stride) * stride
+    fitted = max(-(-int(imgsz) // stride) * stride, int(floor))
     if fitted != int(imgsz):
-        warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
+        if int(imgsz) % stride:
+            warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
+        else:
+            warn(f"{key}={imgsz} is below {floor}, twice the model's largest stride: using {key}={fitted}")
     return fitted

@@ -22,9 +22,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l.base.errors import UserError
-from yolo5l.base.image_size import MAX_STRIDE, check_image_size
+from yolo5l.base.image_size import MAX_STRIDE
 
-__all__ = ["build_model", "check_stride", "command_line_overrides"]
+__all__ = ["build_model", "command_line_overrides", "model_stride"]
 
 _ARCH_KEYS = ("depth", "width", "cfg")
 
@@ -73,12 +73,9 @@ def _record(cfg: DictConfig, model: Any) -> None:
         }  # fmt: skip
 
 
-def check_stride(model: Any, imgsz: int, key: str = "data.imgsz") -> int:
-    """Refuse an image size that is not a multiple of the model's largest stride
-    (`yolo5l.base.image_size.check_image_size`); returns that stride."""
-    stride = max(int(model.stride.max()), MAX_STRIDE)
-    check_image_size(imgsz, stride, key, of=model.describe())
-    return stride
+def model_stride(model: Any) -> int:
+    """The model's largest stride, at least 32 (64 for P6): image sizes are multiples of it."""
+    return max(int(model.stride.max()), MAX_STRIDE)
 
 
 def build_model(cfg: DictConfig, num_classes: int, overrides: Sequence[str] | None = None) -> tuple[Any, Any]:
