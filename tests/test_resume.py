@@ -49,6 +49,7 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     r = _train(tmp_path, "resume=true", "trainer.max_epochs=3", "~callbacks.extra")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "extending the run to 3 epochs" in r.stdout + r.stderr
+    assert "exists and is not empty" not in r.stdout + r.stderr  # the run's own checkpoint folder: no warning
     # The schedule had ended at lr0 x lrf: the extension stays there (no "from lr0 x 0.01 to lr0 x 0.01").
     assert "from epoch 2 the learning rate stays at lr0 x 0.01, where the schedule ended" in r.stdout + r.stderr
     assert "Training done in " in r.stdout

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
 from yolo5l.base.console import fail, info
 from yolo5l.base.errors import UserError
-from yolo5l.callbacks.checkpoint import RunConfig
+from yolo5l.callbacks.checkpoint import LastCheckpoint, RunConfig
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.spawned import SpawnedConsole, adopt_fit_state, fit_ran_elsewhere
 from yolo5l.config import check_train_config
@@ -123,6 +123,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     warn_if_crowded(cfg, check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN))
 
     datamodule, module, trainer = build(cfg)  # the start-up block is printed as fitting starts (EffectiveConfig)
+    for callback in trainer.checkpoint_callbacks:
+        if ckpt_path and isinstance(callback, LastCheckpoint):
+            callback.resuming = True  # its folder holds the run's own checkpoints: no "not empty" warning
     if spawned := fit_ran_elsewhere(trainer):  # ddp_spawn: the ranks get this command's console and run logs
         trainer.callbacks.insert(0, SpawnedConsole(output_dir, hc.job.name, tidy=one_console_line_per_log))
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,17 @@ class LastCheckpoint(ReadsBestFitness, ModelCheckpoint):
         self.save_best = save_best
         self.weights_name = weights_name
         self.save_period = int(save_period)
+
+    #: Set by the command that resumes the run (`yolo5l.train`): the folder holds this run's own checkpoints, so
+    #: Lightning's warning that it is not empty is left out.
+    resuming: bool = False
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            if self.resuming:
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
 
     @property
     def best_fitness(self) -> float | None:
