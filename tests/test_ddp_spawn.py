@@ -70,6 +70,19 @@ def test_a_ddp_spawn_run_trains_and_reports_as_a_ddp_run(tmp_path):
 
 
 @pytest.mark.heavy
+def test_a_ddp_fork_run_logs_each_line_once_and_watches_no_process_it_cannot(tmp_path):
+    """A forked rank inherits the command's console (no second copy into train.log); the lost-rank watch leaves the
+    multiprocessing launcher's processes to torch (its thread failed on ForkProcess.poll)."""
+    run = tmp_path / "fork"
+    r = _train(tmp_path, f"hydra.run.dir={run}", "trainer.strategy=ddp_fork")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    assert ", 2 epochs. Outputs:" in r.stdout
+    log = (run / "train.log").read_text().splitlines()
+    assert sum(line.startswith("epoch 1/2 ") for line in log) == 1
+
+
+@pytest.mark.heavy
 def test_a_sweep_with_ddp_spawn_runs_as_the_refusal_of_ddp_advises(tmp_path):
     r = _train(
         tmp_path,

@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     for callback in trainer.checkpoint_callbacks:
         if ckpt_path and isinstance(callback, LastCheckpoint):
             callback.resuming = True  # its folder holds the run's own checkpoints: no "not empty" warning
-    if spawned := fit_ran_elsewhere(trainer):  # ddp_spawn: the ranks get this command's console and run logs
+    if (spawned := fit_ran_elsewhere(trainer)) == "spawn":  # new interpreters: this command's console and run logs
         trainer.callbacks.insert(0, SpawnedConsole(output_dir, hc.job.name, tidy=one_console_line_per_log))
     with running(tune_malloc=bool(cfg.get("tune_malloc", False))):  # batch-size search and fit make cycles
         if int(cfg.data.batch_size) == -1:

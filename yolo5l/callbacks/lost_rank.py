@@ -164,7 +164,11 @@ class LostRankWatch(Callback):
         self.lost = None
         if trainer.world_size < 2 or not _distributed():
             return
-        procs = list(getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [])
+        # The ranks Lightning's script launcher started (`ddp`: subprocess.Popen); the multiprocessing launchers'
+        # (ddp_spawn, ddp_fork) are processes torch joins, which raise_if_rank_lost reads.
+        procs = [
+            p for p in getattr(getattr(trainer.strategy, "launcher", None), "procs", None) or [] if hasattr(p, "poll")
+        ]
         if procs and self._observer is None:
             _stop_lightning_observer(procs)
             self._stop.clear()

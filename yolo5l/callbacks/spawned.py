@@ -4,9 +4,9 @@ There `trainer.fit` runs in new processes, one a rank, each with an unpickled co
 datamodule, and the process that called fit only waits: Lightning hands back rank 0's weights, trainer state and
 logged metrics, nothing else. Two things make such a run read as a `trainer.strategy=ddp` one:
 
-- `SpawnedConsole` (a callback of the command line): in each started process, the command's console rules
-  (the command hands them in: `yolo5l._cli.one_console_line_per_log`), Python warnings as one line, and its run
-  log: rank 0 appends to the
+- `SpawnedConsole` (a callback of the command line, for the `spawn` start method: a forked rank inherits the
+  command's console): in each started process, the command's console rules (the command hands them in:
+  `yolo5l._cli.one_console_line_per_log`), Python warnings as one line, and its run log: rank 0 appends to the
   command's `<job>.log`, rank k writes `<job>_ddp_process_<k>.log`, as the ranks `ddp` launches do.
 - `adopt_fit_state`: afterwards, in the calling process, the callbacks' state and the epochs trained are taken from
   the run's last checkpoint, which rank 0 wrote as the fit ended; the closing validation of best.pt and the
@@ -28,12 +28,13 @@ from typing_extensions import override
 __all__ = ["SpawnedConsole", "adopt_fit_state", "fit_ran_elsewhere"]
 
 
-def fit_ran_elsewhere(trainer: Any) -> bool:
-    """Whether `trainer`'s fit runs in processes its launcher starts (spawn, fork, forkserver): its callbacks and
-    loops in this process then never see the run."""
+def fit_ran_elsewhere(trainer: Any) -> str | None:
+    """How `trainer`'s fit starts the processes it runs in (`spawn`, `fork`, `forkserver`: its callbacks and loops in
+    this process then never see the run), None when it runs here (one process, or `ddp`'s rank 0)."""
     from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
-    return isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher)
+    launcher = getattr(trainer.strategy, "launcher", None)
+    return getattr(launcher, "_start_method", "spawn") if isinstance(launcher, _MultiProcessingLauncher) else None
 
 
 class SpawnedConsole(Callback):
