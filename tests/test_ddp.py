@@ -49,7 +49,7 @@ def test_multirun_with_ddp_is_refused(tmp_path):
             "-m",
             "yolo5l.train",
             "-m",
-            f"hydra.sweep.dir={tmp_path}",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
             "trainer.accelerator=cpu",
             "trainer.devices=2",
             "trainer.strategy=ddp",
@@ -63,6 +63,7 @@ def test_multirun_with_ddp_is_refused(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "trainer.strategy=ddp_spawn" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "sweep").exists()  # a refused sweep leaves no folder (Hydra's multirun.yaml alone)
 
 
 @pytest.mark.parametrize(

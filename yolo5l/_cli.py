@@ -387,3 +387,15 @@ def _remove_empty_run_folder() -> None:
     if all(p.name in hydra_own for p in out.iterdir()):
         logging.shutdown()  # the job log's handler holds the file open
         shutil.rmtree(out, ignore_errors=True)
+        _remove_empty_sweep_folder()
+
+
+def _remove_empty_sweep_folder() -> None:
+    """A sweep whose first job failed: its folder holds Hydra's multirun.yaml alone."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    sweep = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+    if sweep is not None and sweep.is_dir() and [p.name for p in sweep.iterdir()] == ["multirun.yaml"]:
+        shutil.rmtree(sweep, ignore_errors=True)
