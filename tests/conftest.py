@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -69,6 +70,39 @@ def pytest_unconfigure(config):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+#: The signals whose handlers a test must give back: one left ignored or caught passes to every process the session
+#: starts after it (SIG_IGN survives exec), and a child that ignores SIGTERM hangs whoever stops it with terminate()
+#: (multiprocessing's Pool on leaving `with`, and at exit).
+GUARDED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP") if hasattr(signal, name)
+)
+
+
+def _acts_as(handler, before, signum: int) -> bool:
+    """Whether `handler` is `before`, or a PreemptionCheckpoint's handler after its fit, which passes the signal on to
+    `before` (Lightning's teardown after a `Preempted` exit puts back the handlers it found: the callback's)."""
+    if handler == before:
+        return True
+    owner = getattr(handler, "__self__", None)
+    if type(owner).__name__ != "PreemptionCheckpoint" or owner._active:
+        return False
+    passed_to = owner._original.get(int(signum))
+    return passed_to == before or (passed_to is None and before == signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_given_back():
+    """Fail the test that leaves a signal handler changed (and put the handler back, for the tests after it)."""
+    before = {s: signal.getsignal(s) for s in GUARDED_SIGNALS}
+    yield
+    changed = {s: h for s, h in before.items() if not _acts_as(signal.getsignal(s), h, s)}
+    for s, handler in changed.items():
+        signal.signal(s, handler)
+    if changed:
+        names = ", ".join(signal.Signals(s).name for s in changed)
+        pytest.fail(f"the test left the handler of {names} changed (put back now): restore it in the test")
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from types import SimpleNamespace
 
 import numpy as np
@@ -159,6 +160,25 @@ def test_seed_worker_resets_affinity_and_seeds():
     a = np.random.rand()
     seed_worker(0)
     assert np.random.rand() == a
+
+
+class _SignalHandlers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return [str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGUSR1)]
+
+
+def test_seed_worker_leaves_the_schedulers_signals_to_the_main_process():
+    """A worker ignores SIGTERM/SIGUSR1 (the main process handles them: PreemptionCheckpoint); the main process,
+    where a notebook may call seed_worker, keeps its handlers: SIG_IGN there would outlive the call and pass to every
+    process it starts."""
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)]
+    seed_worker(0)
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)] == before
+    loader = torch.utils.data.DataLoader(_SignalHandlers(), num_workers=1, worker_init_fn=seed_worker, batch_size=None)
+    assert next(iter(loader)) == [str(signal.SIG_IGN)] * 2
 
 
 def test_worker_seeding_reproducible(synthetic):

@@ -41,8 +41,12 @@ def _append(args: tuple[str, int]) -> None:
 
 
 def test_evolve_csv_has_v7_columns_and_full_values_read_as_v7_reads_it(tmp_path):
-    with mp.get_context("fork").Pool(4) as pool:  # trials ending together: every row lands
+    pool = mp.get_context("fork").Pool(4)  # trials ending together: every row lands
+    try:
         pool.map(_append, [(str(tmp_path), i) for i in range(8)])
+    finally:  # close and join, not `with` (terminate): the workers end when the tasks are done
+        pool.close()
+        pool.join()
     path = tmp_path / "evolve.csv"
     lines = path.read_text().splitlines()
     header = lines[0].split(",")

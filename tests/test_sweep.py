@@ -31,8 +31,12 @@ def _write(args: tuple[str, int]) -> None:
 
 
 def test_concurrent_jobs_all_recorded(tmp_path):
-    with mp.get_context("fork").Pool(4) as pool:
+    pool = mp.get_context("fork").Pool(4)  # jobs ending together: every row lands
+    try:
         pool.map(_write, [(str(tmp_path), j) for j in range(1, 9)])
+    finally:  # close and join, not `with` (terminate): the workers end when the tasks are done
+        pool.close()
+        pool.join()
     rows = read_summary(tmp_path / "summary.csv")
     assert sorted(int(r["job"]) for r in rows) == list(range(1, 9))
     md = (tmp_path / "summary.md").read_text()

@@ -57,16 +57,16 @@ def seed_worker(worker_id: int) -> None:
     or two cores (PyTorch issue #101850), which would leave a worker's threads sharing them; resetting it lets
     each worker run on every core the process may use.
     """
-    # Workers are forked while the training process's signal handlers are installed; a SIGTERM/SIGUSR1 sent to the
-    # whole process group (SLURM, Kubernetes) is the main process's to handle (PreemptionCheckpoint). Workers end
-    # with their parent.
-    for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
-        if sig is not None:
-            signal.signal(sig, signal.SIG_IGN)
+    info = get_worker_info()
+    if info is not None:
+        # A SIGTERM/SIGUSR1 sent to the whole process group (SLURM, Kubernetes) is the main process's to handle
+        # (PreemptionCheckpoint); workers end with their parent. Never in the main process: SIG_IGN survives exec.
+        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+            if sig is not None:
+                signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
-    info = get_worker_info()
     if info is not None and hasattr(info.dataset, "reseed"):
         info.dataset.reseed(seed)
     if hasattr(os, "sched_setaffinity"):
