@@ -64,6 +64,31 @@ def test_every_target_in_conf_resolves():
         assert callable(get_object(target)), target
 
 
+def test_compose_configs_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """A notebook that composes two runs within a second gets two run folders (`<stamp>`, `<stamp>_2`), as two
+    commands do; an output_dir it names is used as it is."""
+    import datetime as dt
+
+    import hydra.core.utils
+    from hydra.core.hydra_config import HydraConfig
+
+    class Frozen(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 1, 2, 3, 4, 5)
+
+    monkeypatch.setattr(hydra.core.utils, "datetime", Frozen)  # Hydra's ${now:...} resolver reads it
+    monkeypatch.chdir(tmp_path)
+    folders = []
+    for _ in range(2):
+        compose_config(["experiment=smoke"])
+        folders.append(Path(HydraConfig.get().runtime.output_dir))
+    assert folders == [tmp_path / "runs/train/2026-01-02_03-04-05", tmp_path / "runs/train/2026-01-02_03-04-05_2"]
+    assert all(f.is_dir() for f in folders)
+    compose_config(["experiment=smoke"], output_dir=folders[0])
+    assert Path(HydraConfig.get().runtime.output_dir) == folders[0]
+
+
 def test_default_config_composes_and_resolves(tmp_path):
     cfg = compose_config(output_dir=tmp_path / "run")
     assert cfg.model._target_ == "yolo5l.models.yolo.YOLOv5"

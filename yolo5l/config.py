@@ -57,7 +57,8 @@ def compose_config(
     Args:
         overrides: Overrides such as `["model=yolov5n", "trainer.max_epochs=3"]`.
         config_name: `train`, `val` or `predict`.
-        output_dir: The run folder (created); default: the entry point's `hydra.run.dir` under the current folder.
+        output_dir: The run folder (created); default: the entry point's `hydra.run.dir` under the current folder,
+            a folder of its own, as the commands' (`<stamp>_2` when a run started in the same second has `<stamp>`).
 
     Returns:
         The composed config, without its `hydra` node.
@@ -73,8 +74,10 @@ def compose_config(
     with initialize_config_module(version_base="1.3", config_module=CONFIG_MODULE):
         cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
-        if output_dir is None:
-            output_dir = str(cfg.hydra.run.dir)
+        if output_dir is None:  # the time-stamped folder, numbered `_2` as the commands' when it is taken
+            from yolo5l._cli import claim_run_folder
+
+            output_dir = claim_run_folder(cfg, overrides) or str(cfg.hydra.run.dir)
         out = Path(output_dir).absolute()
         cfg.hydra.runtime.output_dir = str(out)
         cfg.hydra.job.name = config_name
