@@ -165,6 +165,38 @@ def test_a_searched_batch_is_saved_and_a_resume_reuses_it(tmp_path):
     assert (saved.data.batch_size, saved.sources.data.batch_size) == (4, "batch search")
 
 
+def test_a_resume_takes_the_image_size_the_run_rounded_up_typed_again(tmp_path):
+    """The run's command typed again with resume=true: `data.imgsz=100`, which the run rounded up to 128, agrees
+    (any size that rounds to 128 does); a size that rounds elsewhere is refused, as is 100 for a run typed at 128."""
+    from yolo5l.base.errors import UserError
+    from yolo5l.resume import merge_resume_config
+
+    saved = OmegaConf.to_container(compose_config(["experiment=smoke"], output_dir=tmp_path))
+    saved["data"]["imgsz"] = 128
+    saved["sources"] = {"data": {"imgsz": "command line: 100 rounded up to a multiple of 32, at least 64"}}
+    for typed in (["data.imgsz=100"], ["data.imgsz=97"], ["data.imgsz=128"]):
+        assert (
+            merge_resume_config(compose_config(typed, output_dir=tmp_path), saved, typed, "last.ckpt").data.imgsz == 128
+        )
+    for size in (64, 129, 160):
+        with pytest.raises(UserError, match=rf"data\.imgsz={size} changes what the run .* \(data\.imgsz is 128 there"):
+            merge_resume_config(compose_config([f"data.imgsz={size}"], output_dir=tmp_path), saved, [f"data.imgsz={size}"],
+                                "last.ckpt")  # fmt: skip
+    saved["data"]["imgsz"], saved["sources"] = (
+        64,
+        {"data": {"imgsz": "command line: 40 rounded up to a multiple of 32, at least 64"}},
+    )
+    assert (
+        merge_resume_config(
+            compose_config(["data.imgsz=32"], output_dir=tmp_path), saved, ["data.imgsz=32"], "x"
+        ).data.imgsz
+        == 64
+    )
+    saved["data"]["imgsz"], saved["sources"] = 128, {"data": {"imgsz": "command line"}}  # typed 128: nothing rounded
+    with pytest.raises(UserError, match="data.imgsz is 128 there"):
+        merge_resume_config(compose_config(["data.imgsz=100"], output_dir=tmp_path), saved, ["data.imgsz=100"], "x")
+
+
 def test_a_resume_takes_the_settled_values_of_the_requests_typed_again(tmp_path):
     """`data.batch_size=-1` and `trainer.precision=auto` typed again take what the run settled; another value is
     refused; a precision `auto` picked is picked again on another accelerator."""

@@ -216,6 +216,8 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
         if key in SETTLE_REQUESTS and mine == SETTLE_REQUESTS[key]:
             continue
         theirs = OmegaConf.select(merged, key, default=None, throw_on_missing=False)
+        if key == "data.imgsz" and _rounds_to(mine, merged, theirs):
+            continue
         as_plain = [OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for v in (mine, theirs)]
         if as_plain[0] != as_plain[1]:
             raise UserError(
@@ -229,6 +231,17 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
         merged.trainer.precision = "auto"
         del merged.sources.trainer["precision"]
     return merged
+
+
+def _rounds_to(typed: Any, saved: DictConfig, size: Any) -> bool:
+    """Whether the image size `typed` again is one the run rounded up to its `size` (`data.imgsz=100` for a run at
+    128): the rounding its start recorded in `sources.data.imgsz` (`... rounded up to a multiple of 32, at least 64`)."""
+    source = str(OmegaConf.select(saved, "sources.data.imgsz", default="") or "")
+    rule = re.search(r"rounded up to a multiple of (\d+), at least (\d+)", source)
+    if rule is None or not isinstance(typed, int) or isinstance(typed, bool) or typed <= 0:
+        return False
+    stride, floor = int(rule[1]), int(rule[2])
+    return max(-(-typed // stride) * stride, floor) == size  # as yolo5l.base.image_size.fit_to_stride rounds
 
 
 def _difference(key: str, mine: Any, theirs: Any, shown: int = 2) -> str:
