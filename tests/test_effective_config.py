@@ -172,29 +172,20 @@ def test_a_resume_takes_the_image_size_the_run_rounded_up_typed_again(tmp_path):
     from yolo5l.resume import merge_resume_config
 
     saved = OmegaConf.to_container(compose_config(["experiment=smoke"], output_dir=tmp_path))
-    saved["data"]["imgsz"] = 128
-    saved["sources"] = {"data": {"imgsz": "command line: 100 rounded up to a multiple of 32, at least 64"}}
-    for typed in (["data.imgsz=100"], ["data.imgsz=97"], ["data.imgsz=128"]):
-        assert (
-            merge_resume_config(compose_config(typed, output_dir=tmp_path), saved, typed, "last.ckpt").data.imgsz == 128
-        )
+
+    def resumed_at(size: int, run_size: int, source: str) -> int:
+        saved["data"]["imgsz"], saved["sources"] = run_size, {"data": {"imgsz": source}}
+        typed = [f"data.imgsz={size}"]
+        return merge_resume_config(compose_config(typed, output_dir=tmp_path), saved, typed, "last.ckpt").data.imgsz
+
+    rounded = "command line: 100 rounded up to a multiple of 32, at least 64"
+    assert [resumed_at(size, 128, rounded) for size in (100, 97, 128)] == [128] * 3
     for size in (64, 129, 160):
         with pytest.raises(UserError, match=rf"data\.imgsz={size} changes what the run .* \(data\.imgsz is 128 there"):
-            merge_resume_config(compose_config([f"data.imgsz={size}"], output_dir=tmp_path), saved, [f"data.imgsz={size}"],
-                                "last.ckpt")  # fmt: skip
-    saved["data"]["imgsz"], saved["sources"] = (
-        64,
-        {"data": {"imgsz": "command line: 40 rounded up to a multiple of 32, at least 64"}},
-    )
-    assert (
-        merge_resume_config(
-            compose_config(["data.imgsz=32"], output_dir=tmp_path), saved, ["data.imgsz=32"], "x"
-        ).data.imgsz
-        == 64
-    )
-    saved["data"]["imgsz"], saved["sources"] = 128, {"data": {"imgsz": "command line"}}  # typed 128: nothing rounded
-    with pytest.raises(UserError, match="data.imgsz is 128 there"):
-        merge_resume_config(compose_config(["data.imgsz=100"], output_dir=tmp_path), saved, ["data.imgsz=100"], "x")
+            resumed_at(size, 128, rounded)
+    assert resumed_at(32, 64, "command line: 40 rounded up to a multiple of 32, at least 64") == 64  # the floor
+    with pytest.raises(UserError, match=r"data\.imgsz is 128 there"):
+        resumed_at(100, 128, "command line")  # typed 128: nothing was rounded
 
 
 def test_a_resume_takes_the_settled_values_of_the_requests_typed_again(tmp_path):

@@ -235,7 +235,8 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
 
 def _rounds_to(typed: Any, saved: DictConfig, size: Any) -> bool:
     """Whether the image size `typed` again is one the run rounded up to its `size` (`data.imgsz=100` for a run at
-    128): the rounding its start recorded in `sources.data.imgsz` (`... rounded up to a multiple of 32, at least 64`)."""
+    128), by the rounding its start recorded in `sources.data.imgsz` (`... rounded up to a multiple of 32, at least
+    64`)."""
     source = str(OmegaConf.select(saved, "sources.data.imgsz", default="") or "")
     rule = re.search(r"rounded up to a multiple of (\d+), at least (\d+)", source)
     if rule is None or not isinstance(typed, int) or isinstance(typed, bool) or typed <= 0:
