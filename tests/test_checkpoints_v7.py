@@ -352,7 +352,7 @@ def test_typed_model_that_conflicts_with_the_weights_is_one_line(files, tmp_path
         build_model(cfg, num_classes=4, overrides=typed)
 
 
-@pytest.mark.slow  # a subprocess up to the data: the message itself is checked in-process above
+@pytest.mark.heavy  # a subprocess up to the data: the message itself is checked in-process above
 def test_conflict_on_the_command_line_is_one_error_line_and_no_run_folder(files, tmp_path):
     import subprocess
     import sys
@@ -380,7 +380,7 @@ def test_typed_anchors_replace_the_files(files, tmp_path):
     torch.testing.assert_close(model.anchors, files.ema_ref.model[-1].anchors.float())
 
 
-@pytest.mark.slow  # a training subprocess: about half a minute on 2 busy cores
+@pytest.mark.heavy  # a training subprocess: make test-ci (CI)
 def test_training_run_from_a_p6_file(files, tmp_path):
     """`python -m yolo5l.train weights=<P6 .pt>`: no model= needed; the run's checkpoint and weights are P6."""
     import subprocess

@@ -163,10 +163,12 @@ def assert_label_cache_valid(files: list[str], num_classes: int, cache_path: Pat
     assert leftovers == []
 
 
-def assert_disk_cache_valid(files: list[str], shapes: np.ndarray, imgsz: int, augment: bool) -> None:
+def assert_disk_cache_valid(
+    files: list[str], shapes: np.ndarray, imgsz: int, augment: bool, reduced: bool = True
+) -> None:
     """One .npy per image and nothing else in the cache folder; each loads with the resized shape, uint8, and the
-    pixels of the image decoded and resized anew."""
-    cache = ImageCache(files, shapes, imgsz, "disk", augment=augment)
+    pixels of the image decoded (at reduced scale where `reduced`) and resized anew."""
+    cache = ImageCache(files, shapes, imgsz, "disk", augment=augment, reduced_decode=reduced)
     cache.folder = cache._choose_folder()
     expected = {cache.npy_path(i) for i in range(len(files))}
     assert {p for p in cache.folder.rglob("*") if p.is_file()} == expected  # no .tmp file left
@@ -174,7 +176,7 @@ def assert_disk_cache_valid(files: list[str], shapes: np.ndarray, imgsz: int, au
         arr = np.load(cache.npy_path(i))
         assert arr.dtype == np.uint8
         assert arr.shape == (*cache.resized_hw(i), 3)
-        np.testing.assert_array_equal(arr, cache_mod._load_resized(f, imgsz, augment))
+        np.testing.assert_array_equal(arr, cache_mod._load_resized(f, imgsz, augment, reduced))
 
 
 def _damage_labels(root: Path) -> None:
@@ -232,7 +234,7 @@ def test_two_processes_fill_the_disk_cache(tmp_path, augment):
     assert_disk_cache_valid(files, shapes, imgsz, augment)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # two training subprocesses: make test-ci (CI)
 def test_two_training_runs_started_together_on_a_fresh_dataset(tmp_path):
     """Two `python -m yolo5l.train experiment=smoke data.cache=disk` runs started at once on the same fresh synthetic
     root both finish; the dataset, both label caches and the train and val disk caches are complete and valid."""
@@ -253,8 +255,9 @@ def test_two_training_runs_started_together_on_a_fresh_dataset(tmp_path):
     for out, _ in outs:
         assert "disk cache" in out  # both trained from the disk cache
     assert_synthetic_complete(root, tmp_path)
+    # as YOLODataModule decodes them: training images at reduced scale, validation images in full
     for split, augment in (("train", True), ("val", False)):
         files = _split_files(root, split)
         assert_label_cache_valid(files, len(NAMES), root / LABELS_DIR / f"{split}.cache", tmp_path / split)
         shapes = scan_labels(files, len(NAMES), tmp_path / split / "shapes.cache").shapes
-        assert_disk_cache_valid(files, shapes, imgsz, augment)
+        assert_disk_cache_valid(files, shapes, imgsz, augment, reduced=augment)

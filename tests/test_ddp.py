@@ -1,5 +1,5 @@
 """DDP on the CPU (gloo, 2 processes) through the real entry point: Lightning re-launches `python -m yolo5l.train`
-under Hydra with hydra.run.dir pointing at our run folder."""
+under Hydra with hydra.run.dir pointing at our run folder. Heavy: CI's `make test-ci` runs them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from yolo5l.tracking.loggers import read_metrics_csv
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_two_cpu_processes(tmp_path):
     run = tmp_path / "run"
     r = subprocess.run(
@@ -134,7 +134,7 @@ def ddp_run(tmp_path_factory):
     return {"tmp": tmp, "run": run, "ranks": ranks}
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_train_shards_and_ram_cache(ddp_run):
     r0, r1 = ddp_run["ranks"]
     assert (r0["rank"], r1["rank"], r0["world_size"]) == (0, 1, 2)
@@ -158,7 +158,7 @@ def test_ddp_train_shards_and_ram_cache(ddp_run):
         assert set(rec["train_cached"]) == shard
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_validation_shards_cover_once(ddp_run):
     r0, r1 = ddp_run["ranks"]
     files = r0["val_files"]
@@ -175,7 +175,7 @@ def test_ddp_validation_shards_cover_once(ddp_run):
         assert len(rec["val_shard"]) == _NUM_VAL // 2
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_weights_and_metrics_identical_on_ranks(ddp_run):
     r0, r1 = ddp_run["ranks"]
     assert r0["global_step"] == r1["global_step"] > 0
@@ -199,7 +199,7 @@ def test_ddp_weights_and_metrics_identical_on_ranks(ddp_run):
         assert m0 == m1
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_no_sync_on_accumulation_micro_batches(ddp_run):
     for rec in ddp_run["ranks"]:
         sync = rec["sync"]
@@ -211,7 +211,7 @@ def test_ddp_no_sync_on_accumulation_micro_batches(ddp_run):
     assert ddp_run["ranks"][0]["sync"] == ddp_run["ranks"][1]["sync"]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_accumulation_counts_the_total_batch(ddp_run):
     # nbs=128, total batch 4 (2 ranks x 2): warmup accumulation round(1 + (128 / 4 - 1) ni / 100) with at least 100
     # warmup iterations -> 1, 1, 2, 2, 2, 3, 3, 3 for ni 0..7 -> optimizer steps at ni 0, 1, 3, 6.
@@ -220,7 +220,7 @@ def test_ddp_accumulation_counts_the_total_batch(ddp_run):
         assert [step for _, step in rec["sync"]] == [True, True, False, True, False, False, True, False]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_checkpoints_written_by_rank_zero_only(ddp_run):
     r0, r1 = ddp_run["ranks"]
     assert r1["ckpt_writes"] == []
@@ -236,7 +236,7 @@ def test_ddp_checkpoints_written_by_rank_zero_only(ddp_run):
             assert torch.equal(ckpt["current_model_state"][k], v), k
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_val_metrics_match_single_process_val(ddp_run):
     """The synced DDP mAP equals `python -m yolo5l.val` on one process over the same val set, same weights."""
     tmp, run = ddp_run["tmp"], ddp_run["run"]

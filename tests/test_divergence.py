@@ -295,7 +295,7 @@ def test_export_refuses_weights_with_nan(tmp_path, tiny_module):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a 2-trial sweep: make test-ci (CI)
 def test_a_diverging_trial_does_not_end_the_sweep(tmp_path, synthetic):
     """Under -m a diverged trial is one failed row of the sweep (fitness 0), not the end of the sweep."""
     from yolo5l.callbacks.sweep import read_summary

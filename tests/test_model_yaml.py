@@ -332,7 +332,7 @@ def v7_reference(tmp_path_factory):
     return root
 
 
-@pytest.mark.slow  # a minute or two: v7.0 builds, runs and saves every model in a subprocess
+@pytest.mark.reference  # v7.0 (.refvenv) builds, runs and saves every model in a subprocess: make test-ci
 @pytest.mark.parametrize("name", _PARITY)
 def test_identical_outputs_and_loss_to_v7(v7_reference, name):
     ref = torch.load(v7_reference / f"{name}.ref", weights_only=True)

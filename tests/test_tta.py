@@ -153,7 +153,7 @@ torch.save(y, cfg["out"])
 """
 
 
-@pytest.mark.slow
+@pytest.mark.reference  # make test-ci (CI) runs it
 @pytest.mark.skipif(not REF_PYTHON.exists(), reason="needs .refvenv with yolov5==7.0.14 (scripts/bench_reference.py)")
 @torch.no_grad()
 def test_side_by_side_with_ultralytics_v7(yolov5n, tmp_path):
