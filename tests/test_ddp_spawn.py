@@ -18,12 +18,12 @@ from yolo5l.tracking.loggers import read_metrics_csv
 _NUM_VAL = 16
 
 
-def _train(tmp_path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _train(tmp_path, *args: str, epochs: int = 2, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             sys.executable, "-m", "yolo5l.train", "experiment=smoke", "logger=csv",
             f"data.synthetic.root={tmp_path / 'synthetic'}", f"data.synthetic.num_val={_NUM_VAL}",
-            "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", *args,
+            "trainer.accelerator=cpu", "trainer.devices=2", f"trainer.max_epochs={epochs}", *args,
         ],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
@@ -38,27 +38,31 @@ def _losses(run) -> list[float]:
 def test_a_ddp_spawn_run_trains_and_reports_as_a_ddp_run(tmp_path):
     """The ranks pickle (a callback held a thread lock), count their own validation images (the metric's states came
     in shared memory), write the run logs, and the closing block knows the epochs and the best and last rows; the
-    losses are the ones `trainer.strategy=ddp` trains."""
+    closing validation of best.pt (ranks started again) prints its table alone, as under ddp; the losses are the ones
+    `trainer.strategy=ddp` trains."""
     spawn_run, ddp_run = tmp_path / "spawn", tmp_path / "ddp"
-    r = _train(tmp_path, f"hydra.run.dir={spawn_run}", "trainer.strategy=ddp_spawn")
+    r = _train(tmp_path, f"hydra.run.dir={spawn_run}", "trainer.strategy=ddp_spawn", epochs=3)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     assert "Training done in" in out, out[-2000:]
-    assert ", 2 epochs. Outputs:" in out, out[-2000:]
-    assert re.search(r"best \(epoch \d\): P ", out)
-    assert "last (epoch 1): P " in out
+    assert ", 3 epochs. Outputs:" in out, out[-2000:]
+    assert re.search(r"best \(epoch [01]\): P ", out)  # this seed's best is not the last: best.pt is validated again
+    assert "last (epoch 2): P " in out
+    closing = r.stdout.split("for the closing table and plots\n", 1)[1]
+    assert re.match(r"\n\s+Class\s+Images", closing), closing[:500]  # the table alone: no banner, no dataset line
+    assert out.count("Initializing distributed: GLOBAL_RANK: 1") == 1
     tables = re.findall(r"^\s+all\s+(\d+)\s+\d+\s", out, flags=re.M)
     assert tables
     assert {int(n) for n in tables} == {_NUM_VAL}, tables  # not twice the images
     assert "sync_dist=True" not in out  # the values are the same on every rank already
     assert not re.search(r"^\S+\.py:\d+: \w*Warning", out, flags=re.M)  # warnings in the command's one-line form
     log = (spawn_run / "train.log").read_text()
-    assert "epoch 1/2" in log
+    assert "epoch 2/3" in log
     assert "Training done in" in log
     assert (spawn_run / "train_ddp_process_1.log").is_file()
-    assert len(read_metrics_csv(spawn_run / "metrics.csv")) == 2
+    assert len(read_metrics_csv(spawn_run / "metrics.csv")) == 3
 
-    r = _train(tmp_path, f"hydra.run.dir={ddp_run}", "trainer.strategy=ddp")
+    r = _train(tmp_path, f"hydra.run.dir={ddp_run}", "trainer.strategy=ddp", epochs=3)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _losses(spawn_run) == pytest.approx(_losses(ddp_run), rel=1e-5)
     spawn_ckpt = torch.load(spawn_run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)

@@ -145,7 +145,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             raise
         wall = time.perf_counter() - t0
         if spawned:
-            adopt_fit_state(trainer)  # the callbacks' state and epochs from the checkpoint the ranks wrote
+            adopt_fit_state(trainer, datamodule)  # the callbacks' state and epochs from the ranks' last.ckpt
 
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
         validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's

@@ -16,7 +16,9 @@ logged metrics, nothing else. Two things make such a run read as a `trainer.stra
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,24 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-__all__ = ["SpawnedConsole", "adopt_fit_state", "fit_ran_elsewhere"]
+__all__ = ["SpawnedConsole", "adopt_fit_state", "fit_ran_elsewhere", "quiet_distributed_start"]
+
+#: Lightning's lines as a process group starts (`lightning.fabric.utilities.distributed::_init_dist_connection`).
+_START_BANNER = re.compile(r"^Initializing distributed: |All distributed processes registered")
+
+
+def _not_start_banner(record: logging.LogRecord) -> bool:
+    return not _START_BANNER.search(record.getMessage())
+
+
+def quiet_distributed_start() -> None:
+    """Leave out Lightning's process-group start-up lines (`Initializing distributed: ...`, the `----` banner) in this
+    process and the ones it forks: those of a second start, after the fit's own."""
+    for name in ("lightning.fabric.utilities.distributed", "lightning.fabric.utilities.rank_zero",
+                 "lightning.pytorch.utilities.rank_zero"):  # fmt: skip
+        logger = logging.getLogger(name)
+        if _not_start_banner not in logger.filters:
+            logger.addFilter(_not_start_banner)
 
 
 def fit_ran_elsewhere(trainer: Any) -> str | None:
@@ -55,9 +74,15 @@ class SpawnedConsole(Callback):
         self.tidy = tidy
         self._pid = os.getpid()
         self._log: contextlib.ExitStack | None = None
+        self.after_fit = False  # set by adopt_fit_state: the processes started next leave out the start-up banner
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_log": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if state.get("after_fit") and os.getpid() != self._pid:  # unpickled in a started process, before its
+            quiet_distributed_start()  # process group starts: the closing validation's ranks
 
     def log_path(self, rank: int) -> Path:
         """The run log that rank `rank` writes."""
@@ -82,11 +107,11 @@ class SpawnedConsole(Callback):
             self._log = None
 
 
-def adopt_fit_state(trainer: Any) -> bool:
+def adopt_fit_state(trainer: Any, datamodule: Any = None) -> bool:
     """After a fit that ran in launched processes: load the callbacks' state and the epoch count into this process's
-    trainer from the run's last checkpoint (`last.ckpt`, written by rank 0 as the fit ended). Returns False when
-    the run has none (`callbacks=none`, or it stopped before its first checkpoint): the closing block then has no
-    validation rows."""
+    trainer from the run's last checkpoint (`last.ckpt`, written by rank 0 as the fit ended), and mark `datamodule`'s
+    summary lines printed. Returns False when the run has none (`callbacks=none`, or it stopped before its first
+    checkpoint): the closing block then has no validation rows."""
     import torch
     from lightning.pytorch.trainer import call
 
@@ -94,6 +119,14 @@ def adopt_fit_state(trainer: Any) -> bool:
     from yolo5l.callbacks.epoch_line import EpochLine
     from yolo5l.eval.best_fitness import ReadsBestFitness, best_of, checkpoint_best
 
+    # The closing validation starts the ranks again: as under `ddp`, its console is the table alone, without Lightning's
+    # process-group banner or the datasets' summary lines the fit's ranks printed (a forked rank inherits the filter).
+    quiet_distributed_start()
+    for console in (cb for cb in trainer.callbacks if isinstance(cb, SpawnedConsole)):
+        console.after_fit = True
+    printed = getattr(datamodule, "printed", None)  # the trainer's is None again after a launched fit
+    if isinstance(printed, set):
+        printed.update(("train", "val", "cache"))
     folder = checkpoint_dir(trainer)
     path = folder / "last.ckpt" if folder is not None else None
     if path is None or not path.is_file():
