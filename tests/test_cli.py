@@ -376,7 +376,7 @@ def test_a_command_started_in_the_same_second_gets_a_run_folder_of_its_own(tmp_p
     over each other's checkpoints; now the second takes `<stamp>_2`, as v7.0 numbers exp, exp2."""
     from hydra.core.utils import setup_globals
 
-    from yolo5l._cli import claim_run_folder
+    from yolo5l.config import claim_run_folder
 
     setup_globals()  # Hydra's ${now:...} resolver, as a command has it
 

@@ -201,6 +201,7 @@ def run_hydra_app(hydra_main: Callable[[], Any], config_name: str, argv: list[st
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
+    from yolo5l.config import claim_run_folder
     from yolo5l.overrides import check_overrides, compose_checked, config_loader, parse_command_line
 
     task = getattr(hydra_main, "__wrapped__", None)  # what @hydra.main wraps: the task function
@@ -233,32 +234,6 @@ def run_hydra_app(hydra_main: Callable[[], Any], config_name: str, argv: list[st
             run_and_report(lambda: hydra.multirun(config_name=config_name, task_function=task, overrides=overrides))
     finally:
         GlobalHydra.instance().clear()
-
-
-def claim_run_folder(cfg: DictConfig, overrides: list[str]) -> Path | None:
-    """Create the command's time-stamped run folder (`hydra.run.dir`, `hydra.sweep.dir` for a sweep) now, as a
-    folder of its own: when a command started in the same second has it already (two runs on two GPUs, a script's
-    parallel runs), `_2`, `_3`, ... is appended, as ultralytics/yolov5 v7.0 `utils/general.py::increment_path` numbers
-    exp, exp2. The folder is fixed in `cfg` and returned. A folder the user names (typed, or a config whose folder
-    has no `${now:...}` stamp) is left as it is, and None returned: it is written into."""
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    node = "sweep" if cfg.hydra.mode == RunMode.MULTIRUN else "run"
-    typed = any(o.split("=", 1)[0].lstrip("+~") == f"hydra.{node}.dir" for o in overrides)
-    if typed or "${now:" not in str(OmegaConf.to_container(cfg.hydra[node], resolve=False).get("dir")):
-        return None
-    base = Path(str(cfg.hydra[node].dir))
-    folder, n = base, 1
-    while True:
-        try:
-            folder.mkdir(parents=True)  # atomic: of two commands, one creates it, the other takes the next name
-            break
-        except FileExistsError:
-            n += 1
-            folder = base.with_name(f"{base.name}_{n}")
-    cfg.hydra[node].dir = str(folder)
-    return folder
 
 
 class _OnceComposed(Hydra):

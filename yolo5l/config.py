@@ -75,8 +75,6 @@ def compose_config(
         cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
     with open_dict(cfg):
         if output_dir is None:  # the time-stamped folder, numbered `_2` as the commands' when it is taken
-            from yolo5l._cli import claim_run_folder
-
             output_dir = claim_run_folder(cfg, overrides) or str(cfg.hydra.run.dir)
         out = Path(output_dir).absolute()
         cfg.hydra.runtime.output_dir = str(out)
@@ -86,6 +84,32 @@ def compose_config(
     with open_dict(cfg):
         del cfg["hydra"]
     return apply_hyp_file(cfg, overrides)
+
+
+def claim_run_folder(cfg: DictConfig, overrides: list[str]) -> Path | None:
+    """Create the command's time-stamped run folder (`hydra.run.dir`, `hydra.sweep.dir` for a sweep) now, as a
+    folder of its own: when a command started in the same second has it already (two runs on two GPUs, a script's
+    parallel runs), `_2`, `_3`, ... is appended, as ultralytics/yolov5 v7.0 `utils/general.py::increment_path` numbers
+    exp, exp2. The folder is fixed in `cfg` and returned. A folder the user names (typed, or a config whose folder
+    has no `${now:...}` stamp) is left as it is, and None returned: it is written into."""
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    node = "sweep" if cfg.hydra.mode == RunMode.MULTIRUN else "run"
+    typed = any(o.split("=", 1)[0].lstrip("+~") == f"hydra.{node}.dir" for o in overrides)
+    if typed or "${now:" not in str(OmegaConf.to_container(cfg.hydra[node], resolve=False).get("dir")):
+        return None
+    base = Path(str(cfg.hydra[node].dir))
+    folder, n = base, 1
+    while True:
+        try:
+            folder.mkdir(parents=True)  # atomic: of two commands, one creates it, the other takes the next name
+            break
+        except FileExistsError:
+            n += 1
+            folder = base.with_name(f"{base.name}_{n}")
+    cfg.hydra[node].dir = str(folder)
+    return folder
 
 
 def config_choices(group: str) -> list[str]:
