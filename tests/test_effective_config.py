@@ -188,6 +188,23 @@ def test_a_resume_takes_the_image_size_the_run_rounded_up_typed_again(tmp_path):
         resumed_at(100, 128, "command line")  # typed 128: nothing was rounded
 
 
+def test_the_first_command_line_again_resumes_at_the_size_it_rounded_up(tmp_path):
+    """`data.imgsz=40` trains at 64 (v7.0's floor: twice the stride); the same command line with resume=true extends
+    the run at 64, and the start-up block keeps the recorded source, not a bare `command line` for a value not typed."""
+    first = (
+        "experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.imgsz=40", "trainer.limit_train_batches=1",
+        "trainer.limit_val_batches=1", "~callbacks.batch_plotter", "logger=none", "plots=false",
+    )  # fmt: skip
+    rounded = "64   [command line: 40 rounded up to a multiple of 32, at least 64]"
+    r = _train(tmp_path, *first, "hydra.run.dir=runs/train/a")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _block(r.stdout)["image size"] == rounded
+    r = _train(tmp_path, *first, "resume=true", "trainer.max_epochs=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _block(r.stdout)["image size"] == f"{rounded.split('[')[0]}[the checkpoint: {rounded.split('[')[1]}"
+    assert "1 epoch (epoch 1), 2 in all" in r.stdout
+
+
 def test_a_resume_takes_the_settled_values_of_the_requests_typed_again(tmp_path):
     """`data.batch_size=-1` and `trainer.precision=auto` typed again take what the run settled; another value is
     refused; a precision `auto` picked is picked again on another accelerator."""

@@ -181,13 +181,18 @@ def _recorded(cfg: Any, key: str) -> str | None:
 
 def _typed_now(cfg: Any, overrides: Sequence[str]) -> list[str]:
     """The overrides that set something: on a resume, a request the run settled typed again (`data.batch_size=-1`,
-    `yolo5l.resume.SETTLE_REQUESTS`) sets nothing, its checkpoint holds what the run settled."""
+    `yolo5l.resume.SETTLE_REQUESTS`) sets nothing, its checkpoint holds what the run settled; nor does the image size
+    the run's start rounded up, typed again (`data.imgsz=100` for a run at 128: its recorded source stands)."""
     from yolo5l.resume import SETTLE_REQUESTS
 
     if not cfg.get("resume"):
         return list(overrides)
     requests = {f"{k}={v}" for k, v in SETTLE_REQUESTS.items()}
-    return [o for o in overrides if o.strip() not in requests]
+    size = str(OmegaConf.select(cfg, "data.imgsz", default=""))
+    return [
+        o for o in overrides
+        if o.strip() not in requests and not (override_key(o) == "data.imgsz" and o.split("=", 1)[1].strip() != size)
+    ]  # fmt: skip
 
 
 def _source(cfg: Any, key: str, overrides: Sequence[str], choices: Mapping[str, Any]) -> str:
