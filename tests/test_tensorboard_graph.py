@@ -92,7 +92,7 @@ def test_a_model_that_does_not_trace_is_one_warning_line(tmp_path, capsys):
     logger.log_graph(_context(_Untraceable(), 32))
     logger.experiment.flush()
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
-    line = "[yolo5l] warning: TensorBoard: no model graph (RuntimeError: cannot trace this); training goes on"
+    line = "warning: TensorBoard: no model graph (RuntimeError: cannot trace this); training goes on"
     assert lines == [line]  # the error's first line only, and nothing printed by the tracer
     assert _graph(tmp_path) is None
 

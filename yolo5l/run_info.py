@@ -368,7 +368,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
         recorded: the weights' dataset yaml (`LoadInfo.data`).
         overrides: the command line's overrides (default: the current Hydra run's).
     """
-    from yolo5l.base.console import info
+    from yolo5l.base.console import info, warn
 
     if overrides is None:
         from hydra.core.hydra_config import HydraConfig
@@ -378,7 +378,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
     if chosen or not recorded:
         return None
     if not os.path.isfile(recorded):
-        info(f"warning: the weights were trained on {recorded}, which is not here: pass data= or data.file=")
+        warn(f"the weights were trained on {recorded}, which is not here: pass data= or data.file=")
         return None
     with open_dict(cfg):
         cfg.data.file = recorded
@@ -389,14 +389,14 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
 def warn_if_crowded(cfg: Any, world: int) -> None:
     """One warning line when CPU training starts more processes on this machine than it has cores
     (`cpu_oversubscription`); `world`: the processes of the run, all nodes."""
-    from yolo5l.base.console import info
+    from yolo5l.base.console import warn
     from yolo5l.base.hardware import uses_cuda
 
     crowded = cpu_oversubscription(
         world // int(cfg.trainer.get("num_nodes") or 1), not uses_cuda(cfg.trainer.accelerator)
     )
     if crowded:
-        info(f"warning: {crowded}")
+        warn(crowded)
 
 
 def model_source_line(cfg: Any, model: Any, loaded: Any) -> str | None:

@@ -10,8 +10,8 @@
 - Python warnings print as one `warning: <message>` line (no file name, line number or source line).
 - `is_terminal()`: whether stdout is a terminal; when it is not (a file, a pipe, a batch system's log), the progress
   bar callback draws nothing and `EpochLine`'s one line per epoch is the record (yolo5l/callbacks/progress_bar.py).
-- `info`, `warn`, `print_outputs`, `fail`: the command's own lines (`[yolo5l] ...` on rank 0, the outputs
-  block, the one-line `error: ...` with exit code 2); `is_rank_zero` decides which process prints.
+- `info`, `warn`, `print_outputs`, `fail`: the command's own lines (`[yolo5l] ...` on rank 0, `warning: ...`, the
+  outputs block, the one-line `error: ...` with exit code 2); `is_rank_zero` decides which process prints.
 - `library_output()`: around a call into a third-party converter or runtime (LiteRT, OpenVINO, NNCF): what the library
   prints reaches the console in yolo5l's form, a `warning: ...` line where it tells the user something, nothing where
   it is the library's own chatter or progress display off a terminal.
@@ -477,8 +477,10 @@ def info(message: str, stream: TextIO | None = None) -> None:
 
 
 def warn(message: str) -> None:
-    """Print one `[yolo5l] warning: ...` console line on rank 0: something went wrong that the run survives."""
-    info(f"warning: {message}")
+    """Print one `warning: ...` console line on rank 0 (stdout): something went wrong that the run survives. The
+    form of every warning the command shows (Python's, a library's, a log record's), as `fail`'s is `error: ...`."""
+    if is_rank_zero():
+        print(f"warning: {message}", flush=True)
 
 
 def fail(message: str) -> NoReturn:
