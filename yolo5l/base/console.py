@@ -477,8 +477,7 @@ def info(message: str, stream: TextIO | None = None) -> None:
 
 
 def warn(message: str) -> None:
-    """Print one `warning: ...` console line on rank 0 (stdout): something went wrong that the run survives. The
-    form of every warning the command shows (Python's, a library's, a log record's), as `fail`'s is `error: ...`."""
+    """Print one `warning: ...` line on rank 0 (stdout), the form of every warning a command shows: the run goes on."""
     if is_rank_zero():
         print(f"warning: {message}", flush=True)
 
