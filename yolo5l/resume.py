@@ -235,14 +235,13 @@ def merge_resume_config(cfg: DictConfig, saved: dict[str, Any], overrides: Seque
 
 def _rounds_to(typed: Any, saved: DictConfig, size: Any) -> bool:
     """Whether the image size `typed` again is one the run rounded up to its `size` (`data.imgsz=100` for a run at
-    128), by the rounding its start recorded in `sources.data.imgsz` (`... rounded up to a multiple of 32, at least
-    64`)."""
-    source = str(OmegaConf.select(saved, "sources.data.imgsz", default="") or "")
-    rule = re.search(r"rounded up to a multiple of (\d+), at least (\d+)", source)
+    128), by the rounding its start recorded in `sources.data.imgsz` (`yolo5l.base.image_size.rounding_note`)."""
+    from yolo5l.base.image_size import round_up, rounding_of
+
+    rule = rounding_of(str(OmegaConf.select(saved, "sources.data.imgsz", default="") or ""))
     if rule is None or not isinstance(typed, int) or isinstance(typed, bool) or typed <= 0:
         return False
-    stride, floor = int(rule[1]), int(rule[2])
-    return max(-(-typed // stride) * stride, floor) == size  # as yolo5l.base.image_size.fit_to_stride rounds
+    return round_up(typed, *rule) == size
 
 
 def _difference(key: str, mine: Any, theirs: Any, shown: int = 2) -> str:

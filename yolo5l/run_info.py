@@ -191,7 +191,7 @@ def _typed_now(cfg: Any, overrides: Sequence[str]) -> list[str]:
     size = str(OmegaConf.select(cfg, "data.imgsz", default=""))
     return [
         o for o in overrides
-        if o.strip() not in requests and not (override_key(o) == "data.imgsz" and o.split("=", 1)[1].strip() != size)
+        if o.strip() not in requests and not (override_key(o) == "data.imgsz" and o.partition("=")[2].strip() != size)
     ]  # fmt: skip
 
 

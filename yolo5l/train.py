@@ -56,7 +56,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     from lightning.pytorch import seed_everything
 
     from yolo5l.base.hardware import resolve_precision, use_tensor_cores
-    from yolo5l.base.image_size import MAX_STRIDE
+    from yolo5l.base.image_size import MAX_STRIDE, rounding_note
     from yolo5l.callbacks.progress_bar import with_console_progress
     from yolo5l.callbacks.sweep import SweepSummary
     from yolo5l.models.model_source import build_model, model_stride
@@ -98,7 +98,7 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
     )
     settle_build(cfg, datamodule, trainer, precision, loaded is not None, effective.overrides, effective.choices)
     if int(cfg.data.imgsz) != typed_size:
-        why = f"{typed_size} rounded up to a multiple of {stride}, at least {2 * stride}"
+        why = rounding_note(typed_size, stride, 2 * stride)
         settle(cfg, "data.imgsz", None, f"{cfg.sources.data.imgsz}: {why}")
     return datamodule, module, trainer
 

@@ -7,9 +7,13 @@ built on its own, val's study sizes).
 
 from __future__ import annotations
 
+import re
+
 from yolo5l.base.errors import UserError
 
-__all__ = ["MAX_STRIDE", "ImageSizeError", "check_image_size", "fit_to_stride"]
+__all__ = [
+    "MAX_STRIDE", "ImageSizeError", "check_image_size", "fit_to_stride", "round_up", "rounding_note", "rounding_of",
+]  # fmt: skip
 
 MAX_STRIDE = 32  # the largest stride of YOLOv5's P5 heads: letterboxed and rectangular batch shapes are multiples of it
 
@@ -49,10 +53,32 @@ def fit_to_stride(imgsz: int, stride: int, key: str = "data.imgsz", floor: int =
     from yolo5l.base.console import warn
 
     stride = max(int(stride), MAX_STRIDE)
-    fitted = max(-(-int(imgsz) // stride) * stride, int(floor))
+    fitted = round_up(imgsz, stride, floor)
     if fitted != int(imgsz):
         if int(imgsz) % stride:
             warn(f"{key}={imgsz} is not a multiple of {stride}, the model's largest stride: using {key}={fitted}")
         else:
             warn(f"{key}={imgsz} is below {floor}, twice the model's largest stride: using {key}={fitted}")
     return fitted
+
+
+def round_up(imgsz: int, stride: int, floor: int = 0) -> int:
+    """``imgsz`` rounded up to a multiple of ``stride`` and to at least ``floor`` (no warning: see `fit_to_stride`)."""
+    return max(-(-int(imgsz) // int(stride)) * int(stride), int(floor))
+
+
+#: How a run records a size it rounded up, in `sources.data.imgsz` (`rounding_note`, read back by `rounding_of`).
+_NOTE = "{typed} rounded up to a multiple of {stride}, at least {floor}"
+_NOTE_RE = re.compile(_NOTE.format(typed=r"(\d+)", stride=r"(\d+)", floor=r"(\d+)"))
+
+
+def rounding_note(typed: int, stride: int, floor: int) -> str:
+    """The record of a size `round_up` changed: `100 rounded up to a multiple of 32, at least 64`."""
+    return _NOTE.format(typed=typed, stride=stride, floor=floor)
+
+
+def rounding_of(source: str) -> tuple[int, int] | None:
+    """(stride, floor) of the `rounding_note` in `source` (a recorded source: `command line: 100 rounded up ...`);
+    None when it holds none."""
+    m = _NOTE_RE.search(source)
+    return (int(m[2]), int(m[3])) if m else None
