@@ -5,6 +5,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ARGS ?=
+# pytest's processes (pytest-xdist): one per core, at most 4. Most tests start a command (a Python that imports torch
+# and Lightning, then trains a few batches on one thread), so on 2 cores two at a time take about 0.6 of the time.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 # setuptools warns at every editable install of a package mapped from another folder (kernels/ -> yolo5l_kernels)
 # that a folder of the package's name may shadow it; the install is right, so the warning is left out of the log.
 QUIET_BUILD := PYTHONWARNINGS=ignore::UserWarning
@@ -69,14 +72,16 @@ train: $(BIN)/.installed
 	$(BIN)/python -m yolo5l.train experiment=quickstart $(ARGS)
 
 test: venv
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) $(ARGS)
 
 # What CI runs after `make test`: the tests behind the `heavy` marker (every export format end to end, the trackers),
-# and the `reference` tests against v7.0 in .refvenv, where a skip counts as a failure.
+# and the `reference` tests against v7.0 in .refvenv, where a skip counts as a failure. The reference tests run in one
+# process: they share module-wide models and exports that each of several processes would make again.
 test-ci: venv refvenv
-	$(BIN)/python -m pytest -q -m heavy $(ARGS)
+	$(BIN)/python -m pytest -q -n $(JOBS) -m heavy $(ARGS)
 	YOLO5L_REQUIRE_REFERENCE=1 $(BIN)/python -m pytest -q -m reference $(ARGS)
 
+# In one process: the benchmarks among them measure, and would measure each other.
 test-all: venv
 	$(BIN)/python -m pytest -q -m "" $(ARGS)
 
