@@ -138,6 +138,24 @@ def test_the_spawned_console_acts_only_in_a_started_process(tmp_path, monkeypatc
     assert console.log_path(1).read_text().splitlines() == ["a line of rank 1", "warning: a warning of rank 1"]
 
 
+def test_after_a_launched_fit_the_datasets_summary_lines_are_not_printed_again(tmp_path, monkeypatch, capsys):
+    """adopt_fit_state silences every summary line of the datamodule (the fit's ranks printed them), whichever keys
+    it has: the closing validation's re-started ranks print the table alone."""
+    from types import SimpleNamespace
+
+    from yolo5l import YOLODataModule
+    from yolo5l.callbacks import spawned
+
+    dm = YOLODataModule(synthetic={"root": str(tmp_path / "synthetic")}, imgsz=64, batch_size=2)
+    dm._print("train", "train: 2 images")
+    dm._print("train", "train: 2 images")  # once per key
+    monkeypatch.setattr(spawned, "quiet_distributed_start", lambda: None)  # the process-wide log filter: not here
+    assert spawned.adopt_fit_state(SimpleNamespace(callbacks=[]), dm) is False  # no checkpoint callback: no state
+    dm._print("val", "val: 1 image")
+    dm._print("a line added later", "more")
+    assert capsys.readouterr().out == "train: 2 images\n"
+
+
 def test_lightnings_sync_hint_is_left_out_for_values_the_same_on_every_rank():
     from yolo5l._cli import _SAME_ON_EVERY_RANK
 

@@ -126,7 +126,7 @@ def adopt_fit_state(trainer: Any, datamodule: Any = None) -> bool:
         console.after_fit = True
     printed = getattr(datamodule, "printed", None)  # the trainer's is None again after a launched fit
     if isinstance(printed, set):
-        printed.update(("train", "val", "cache"))
+        printed.add("*")  # every summary line, whichever the datamodule has
     folder = checkpoint_dir(trainer)
     path = folder / "last.ckpt" if folder is not None else None
     if path is None or not path.is_file():

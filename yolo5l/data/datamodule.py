@@ -195,7 +195,7 @@ class YOLODataModule(LightningDataModule):
         self.train_sampler: ShardSampler | None = None
         self.val_sampler: ValShardSampler | None = None
         self._train_resume: tuple[int, int] | None = None  # (epoch, batches done) from a checkpoint, see state_dict
-        self.printed: set[str] = set()  # the summary lines setup printed, by key: each is printed once
+        self.printed: set[str] = set()  # the summary lines setup printed, by key: each once; "*" silences all
 
     # ----------------------------------------------------------------------------------------- dataset file
     @property
@@ -234,7 +234,7 @@ class YOLODataModule(LightningDataModule):
         return 0, 1
 
     def _print(self, key: str, line: str) -> None:
-        if key not in self.printed and self._dist()[0] == 0:
+        if self.printed.isdisjoint((key, "*")) and self._dist()[0] == 0:
             self.printed.add(key)
             print(line, flush=True)
 
