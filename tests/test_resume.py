@@ -3,9 +3,11 @@ conflicting override refused in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,21 @@ def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def held_by_another_process(folder: Path) -> Iterator[int]:
+    """A process that holds `folder`'s training lock as a run does (`hold_run_folder`) until the block ends."""
+    code = "import sys; from yolo5l.base.run_files import hold_run_folder as h; h(sys.argv[1]); print(1, flush=True)"
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"{code}; sys.stdin.read()", str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout.readline() == b"1\n"
+        yield child.pid
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+
+
 @pytest.mark.heavy  # five training commands in one scenario: CI runs it (make test-ci), `make test` stays light
 def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_path):
     data = f"data.synthetic.root={tmp_path / 'synthetic'}"
@@ -36,6 +53,24 @@ def test_resume_true_uses_the_checkpoints_config_folder_and_extends_the_run(tmp_
     run = tmp_path / "runs" / "train" / "a"
     last = run / "checkpoints" / "last.ckpt"
     assert torch.load(last, map_location="cpu", weights_only=True)["yolo5l_config"]["model"]["width"] == 0.25
+
+    # While another process trains the run (here: holds its lock), neither a resume nor a run into its folder starts,
+    # and nothing in the folder changes.
+    with held_by_another_process(run) as pid:
+        before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".training.lock"}
+        commands = {
+            "error: resume=true: every run under runs/train with a last.ckpt": ("resume=true", "trainer.max_epochs=3"),
+            "error: runs/train/a is": ("experiment=smoke", data, "hydra.run.dir=runs/train/a"),
+        }
+        for says, args in commands.items():
+            r = _train(tmp_path, *args)
+            assert r.returncode == 2, r.stderr[-3000:]
+            line = r.stderr.strip().splitlines()[-1]
+            assert line.startswith(says), line
+            assert "being trained now (" in line
+            assert f"process {pid} on " in line
+        assert before == {p: p.stat().st_mtime_ns for p in before}
+        assert not [p for p in run.rglob("*") if p.is_file() and p.name != ".training.lock" and p not in before]
 
     # A change to what the run trains is refused before anything is built, in one line.
     r = _train(tmp_path, "resume=true", "model=yolov5s", "trainer.max_epochs=3")
@@ -139,3 +174,39 @@ def test_a_resume_turns_the_runs_entries_off_as_nulls(tmp_path):
         "hydra.run.dir=r",
     ]  # fmt: skip  (an entry the run does not have stays as typed, for the checks to name)
     assert resume_in_place(["~callbacks.crash"]) == ["~callbacks.crash"]  # not a resume: Hydra's own meaning
+
+
+def test_resume_true_passes_over_a_run_in_training_and_says_so(tmp_path, capsys):
+    """resume=true takes the newest run that no process trains now, and one line names the runs it passed over: one
+    training now, and a newer one that stopped before its first checkpoint. A run named by its path that trains now
+    is refused in one line. The lock goes with its holder."""
+    from yolo5l.base.errors import UserError, shown_path
+    from yolo5l.base.run_files import training_now
+    from yolo5l.resume import find_resume_checkpoint
+
+    def run(name: str, mtime: int, checkpoint: bool = True) -> Path:
+        folder = tmp_path / name
+        (folder / ".hydra").mkdir(parents=True)
+        os.utime(folder / ".hydra", (mtime, mtime))
+        if checkpoint:
+            (folder / "checkpoints").mkdir()
+            (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+            os.utime(folder / "checkpoints" / "last.ckpt", (mtime, mtime))
+        return folder
+
+    old, live, unfinished = run("old", 1_000), run("live", 2_000), run("unfinished", 3_000, checkpoint=False)
+    with held_by_another_process(live) as pid:
+        assert training_now(live).startswith(f"process {pid} on ")
+        assert training_now(old) is None
+        assert find_resume_checkpoint(True, tmp_path) == old / "checkpoints" / "last.ckpt"
+        said = capsys.readouterr()
+        line = (said.out + said.err).strip()
+        old, live, unfinished = shown_path(old), shown_path(live), shown_path(unfinished)
+        assert f"resume=true: resuming {old}, the newest run to resume; passed over: {live} (being trained now" in line
+        assert f"; {unfinished} (no checkpoint: it stopped before its first epoch ended)" in line
+        with pytest.raises(UserError, match=rf"^{live} is being trained now \(process {pid} on .*then resume it$"):
+            find_resume_checkpoint(str(tmp_path / "live" / "checkpoints" / "last.ckpt"), tmp_path)
+    live = tmp_path / "live"
+    assert training_now(live) is None
+    assert not (live / ".training.lock").exists()  # removed by its holder as it ended
+    assert find_resume_checkpoint(True, tmp_path) == live / "checkpoints" / "last.ckpt"

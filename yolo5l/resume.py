@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from yolo5l.base.console import info, is_rank_zero
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.files import atomic_write
+from yolo5l.base.run_files import refuse_if_training, training_now
 from yolo5l.callbacks.checkpoint import CONFIG_KEY, checkpoint_position
 from yolo5l.config import override_key
 from yolo5l.io.archive import archive_damage
@@ -120,27 +121,61 @@ class ResumeState:
 
 def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = None) -> Path | None:
     """The checkpoint a run resumes from: None, a path, or `true` = the newest `*/checkpoints/last.ckpt` under
-    `runs_root` (`runs/train` by default), the folder `exclude` (the new run's own) left out.
+    `runs_root` (`runs/train` by default) of a run that no process trains now, the folder `exclude` (the new run's
+    own) left out. With `true` a line says which runs were passed over: those training now, and a newer run folder
+    without a checkpoint (stopped before its first epoch ended).
 
     Raises:
-        UserError: The checkpoint does not exist, or none was found.
+        UserError: The checkpoint does not exist, none was found, or its run is training now.
     """
     if resume is None or resume is False or str(resume).lower() in ("false", "null", "none", ""):
         return None
-    if resume is True or str(resume).lower() == "true":
-        found = [
-            p
-            for pattern in ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
-            for p in Path(runs_root).glob(pattern)
-            if exclude is None or Path(exclude) not in p.parents
-        ]
-        if not found:
-            raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
-        return max(found, key=lambda p: p.stat().st_mtime)
-    path = Path(str(resume))
-    if not path.is_file():
-        raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+    # Whether a run trains now is rank 0's question: the ranks Lightning starts find the run rank 0 holds.
+    trains = training_now if is_rank_zero() else lambda _: None
+    if resume is not True and str(resume).lower() != "true":
+        path = Path(str(resume))
+        if not path.is_file():
+            raise UserError(f"resume checkpoint {str(path)!r} not found: pass the last.ckpt of an interrupted run")
+        if path.parent.name == "checkpoints" and is_rank_zero():
+            refuse_if_training(path.parent.parent, then="then resume it")
+        return path
+
+    def kept(p: Path) -> bool:  # not in the new run's own folder
+        return exclude is None or not (p == Path(exclude) or Path(exclude) in p.parents)
+
+    patterns = ("*/checkpoints/last.ckpt", "*/*/checkpoints/last.ckpt")
+    found = [p for pattern in patterns for p in Path(runs_root).glob(pattern) if kept(p)]
+    found.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    live = [(p, holder) for p in found if (holder := trains(p.parent.parent))]
+    path = next((p for p in found if all(p != q for q, _ in live)), None)
+    if path is None:
+        if live:
+            raise UserError(
+                f"resume=true: every run under {runs_root} with a last.ckpt is being trained now "
+                f"({', '.join(f'{shown_path(p.parent.parent)}: {h}' for p, h in live)}): wait for one to end"
+            )
+        raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
+    passed = [f"{shown_path(p.parent.parent)} (being trained now, {h})" for p, h in live]
+    newer = [d.parent for d in Path(runs_root).glob("*/.hydra") if d.stat().st_mtime > path.stat().st_mtime]
+    passed += [
+        f"{shown_path(run)} (no checkpoint: it stopped before its first epoch ended)"
+        for run in sorted(newer)
+        if kept(run) and not (run / "checkpoints" / "last.ckpt").is_file() and not trains(run)
+    ]
+    if passed:
+        _say_once(f"resume=true: resuming {shown_path(path.parent.parent)}, the newest run to resume; passed over: "
+                  f"{'; '.join(passed)}")  # fmt: skip
     return path
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """`info(line)` once per process: the checkpoint is looked up before Hydra starts and again in the run."""
+    if line not in _said:
+        _said.add(line)
+        info(line)
 
 
 def read_resume_state(path: Path) -> ResumeState:

@@ -30,8 +30,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
-from yolo5l.base.console import fail, info
+from yolo5l.base.console import fail, info, is_rank_zero
 from yolo5l.base.errors import UserError
+from yolo5l.base.run_files import hold_run_folder, let_go_of_run_folder, refuse_if_training
 from yolo5l.callbacks.checkpoint import LastCheckpoint, RunConfig
 from yolo5l.callbacks.lost_rank import raise_if_rank_lost
 from yolo5l.callbacks.spawned import SpawnedConsole, adopt_fit_state, fit_ran_elsewhere
@@ -116,9 +117,19 @@ def fit_image_size(cfg: DictConfig, stride: int) -> int:
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """Train as `cfg` says, write the run folder, print where everything is; returns the final metrics."""
+    """Train as `cfg` says, write the run folder, print where everything is; returns the final metrics. The run
+    folder is locked while it trains (`hold_run_folder`): a second command resuming or writing into it is refused."""
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    if is_rank_zero():  # the launching process: the ranks Lightning starts are its own
+        hold_run_folder(output_dir)
+    try:
+        return _train(cfg, output_dir)
+    finally:
+        let_go_of_run_folder(output_dir)
+
+
+def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     hc = HydraConfig.get()
-    output_dir = Path(hc.runtime.output_dir)
     cfg, ckpt_path = start_or_resume(cfg, list(hc.overrides.task), output_dir)  # resume=: the run's own config
     warn_if_crowded(cfg, check_train_config(cfg, multirun=hc.mode == RunMode.MULTIRUN))
 
@@ -167,6 +178,9 @@ def main() -> None:
     try:
         # in place: DDP re-launches each rank with sys.argv
         sys.argv[1:] = hyp_file_argv(resume_in_place(sys.argv[1:]))
+        run_dir = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), "${")
+        if "${" not in run_dir and is_rank_zero():  # a folder named: refused before Hydra writes into it
+            refuse_if_training(run_dir)
     except UserError as e:
         fail(str(e))
     run_entry_point(_hydra_main, "train")
