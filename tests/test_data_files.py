@@ -14,7 +14,7 @@ import yolo5l.data.label_scan as scan_mod
 from yolo5l.base.files import user_cache_dir
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.images import ImageReadError, read_image
-from yolo5l.data.label_scan import scan_labels
+from yolo5l.data.label_scan import ScanReport, scan_labels
 from yolo5l.data.layout import DatasetError, img2label_path, label_cache_path
 
 RNG = np.random.default_rng(0)
@@ -254,9 +254,9 @@ CORRUPT = {
     "nan": "non-finite value",
     "out_of_range": "value above 1",
     "negative_size": "negative value",
-    "class_too_big": "class id 2 is not an integer in [0, 1]",
-    "class_negative": "class id -1",
-    "class_fraction": "class id 0.5",
+    "class_too_big": "line 1: class 2 is not below nc=2 (the dataset yaml names 2 classes: ids 0 to 1)",
+    "class_negative": "line 1: class -1 is negative (class ids 0 to 1)",
+    "class_fraction": "line 1: class 0.5 is not a whole number (class ids 0 to 1)",
 }
 
 
@@ -287,14 +287,14 @@ def test_scan_reports_every_bad_input(tmp_path):
     np.testing.assert_allclose(labels("polygon"), [[1, 0.3, 0.4, 0.4, 0.4], [0, 0.5, 0.5, 0.2, 0.2]], atol=1e-6)
     # values within 1e-3 outside [0, 1] clipped
     np.testing.assert_allclose(labels("slightly_out"), [[0, 1.0, 0.5, 0.2, 0.2], [1, 0.5, 0.0, 0.2, 0.2]])
-    assert any("slightly_out.jpg" in m and "clipped" in m for m in r.messages)
+    assert f"{img2label_path(f['slightly_out'])} line 1: values within 0.001 outside [0, 1] clipped" in r.messages
     # duplicates removed, first-occurrence order kept
     np.testing.assert_allclose(labels("duplicates"), [[0, 0.5, 0.5, 0.2, 0.2], [1, 0.3, 0.3, 0.1, 0.1]], atol=1e-6)
     assert r.duplicates == 2
-    assert any("duplicates.jpg: 2 duplicate label rows removed" in m for m in r.messages)
+    assert f"{img2label_path(f['duplicates'])}: 2 duplicate label rows removed" in r.messages
     # zero-size box dropped, image kept
     np.testing.assert_allclose(labels("zero_size"), [[0, 0.5, 0.5, 0.2, 0.2]])
-    assert any("zero_size.jpg" in m and "zero-size box dropped" in m for m in r.messages)
+    assert f"{img2label_path(f['zero_size'])} line 2: zero-size box dropped" in r.messages
     assert r.repaired == 3  # polygon, slightly_out, zero_size
     # backgrounds
     for name in ("empty", "blank_lines", "missing_label", "rgba", "u16", "pfm"):
@@ -313,7 +313,8 @@ def test_scan_reports_every_bad_input(tmp_path):
 
     # summary line and the log file in the user cache (nothing but the cache beside the labels)
     assert r.summary("train") == (
-        f"train: {len(idx)} images, 6 backgrounds (2 empty label files), {len(CORRUPT)} corrupt skipped, "
+        f"train: {len(idx)} images, 6 backgrounds (2 empty label files, 4 without a label file), "
+        f"{len(CORRUPT)} corrupt skipped, "
         f"2 duplicate rows removed, 3 labels repaired, 4 converted to 8-bit RGB (see {r.log_path})"
     )
     assert r.log_path == scan_mod._log_path(tmp_path / "labels" / "train.cache")
@@ -322,6 +323,64 @@ def test_scan_reports_every_bad_input(tmp_path):
     log = r.log_path.read_text()
     assert log.splitlines()[0] == r.summary("train").split(" (see ")[0]
     assert str(f["truncated"]) in log
+
+
+def _bad_class_lines(images: list[Path], bad: list[int]) -> list[str]:
+    """Label files for ``images`` (nc=4) whose line 3 has class 7 for the images at ``bad``; their expected lines."""
+    for i, im in enumerate(images):
+        _label(im, BOX + "1 0.3 0.3 0.1 0.1\n" + ("7" if i in bad else "2") + " 0.7 0.7 0.1 0.1\n")
+    return [
+        f"{img2label_path(images[i])} line 3: class 7 is not below nc=4 (the dataset yaml names 4 classes: ids 0 to "
+        f"3); image {images[i]} skipped"
+        for i in bad
+    ]
+
+
+def test_a_bad_class_id_names_the_label_file_its_line_and_the_image_cached_or_not(tmp_path, caplog):
+    """One bad label line: the log and the console name its label file, line and image, a cached scan the same."""
+    images = [_jpg(tmp_path / "images" / "train" / f"{i}.jpg") for i in range(5)]
+    expected = _bad_class_lines(images, [2])
+    cache = tmp_path / "labels" / "train.cache"
+    for cached in (False, True):
+        caplog.clear()
+        r = scan_labels(images, 4, cache, "train").report
+        assert r.from_cache is cached
+        assert (r.corrupt, r.skipped) == (1, expected)
+        summary = f"train: 4 images, 0 backgrounds, 1 corrupt skipped (see {r.log_path})" + " [cached]" * cached
+        assert [rec.getMessage() for rec in caplog.records if rec.levelname == "WARNING"] == [
+            f"{summary}\n  {expected[0]}"
+        ]
+        assert r.log_path.read_text().splitlines() == [summary.split(" (see ")[0], expected[0]]
+
+
+def test_the_console_names_the_first_three_skipped_images_and_the_log_the_rest(tmp_path, caplog):
+    images = [_jpg(tmp_path / "images" / "train" / f"{i}.jpg") for i in range(7)]
+    expected = _bad_class_lines(images, [1, 2, 3, 5, 6])
+    _jpg(tmp_path / "images" / "train" / "0.jpg", 5, 5)  # too small: a corrupt image first, then the label files
+    r = scan_labels(images, 4, tmp_path / "labels" / "train.cache", "train").report
+    first = f"{images[0]}: corrupt, skipped: image too small (5x5 px, need at least 10 px per side)"
+    assert r.skipped == [first, *expected]
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.levelname == "WARNING"]
+    assert warning.splitlines()[1:] == [
+        f"  {first}",
+        *(f"  {m}" for m in expected[:2]),
+        f"  ... and 3 more in {r.log_path}",
+    ]
+    assert r.log_path.read_text().splitlines()[1:] == [first, *expected]
+
+
+def test_the_summary_says_one_of_each_in_the_singular():
+    one = ScanReport(total=4, found=1, missing=1, empty=1, corrupt=1, duplicates=1, repaired=1, converted=1)
+    assert one.summary("val") == (
+        "val: 3 images, 2 backgrounds (1 empty label file, 1 without a label file), 1 corrupt skipped, "
+        "1 duplicate row removed, 1 label repaired, 1 converted to 8-bit RGB"
+    )
+    assert ScanReport(total=1, empty=1).summary() == "train: 1 image, 1 background (1 empty label file)"
+    assert ScanReport(total=3, missing=3).summary() == "train: 3 images, 3 backgrounds (3 without a label file)"
+    two = ScanReport(total=5, found=1, empty=2, duplicates=2, repaired=2)
+    assert two.summary() == (
+        "train: 3 images, 2 backgrounds (2 empty label files), 2 duplicate rows removed, 2 labels repaired"
+    )
 
 
 def test_cache_reused_then_invalidated(tmp_path, monkeypatch):
@@ -452,7 +511,7 @@ def test_empty_and_all_corrupt_splits_raise(tmp_path):
     bad = tmp_path / "images" / "bad.jpg"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"nope")
-    with pytest.raises(DatasetError, match=r"train: all 1 images are corrupt .*bad\.jpg.*x-[0-9a-f]+\.cache\.log"):
+    with pytest.raises(DatasetError, match=r"train: the only image is corrupt .*bad\.jpg.*x-[0-9a-f]+\.cache\.log"):
         scan_labels([bad], 2, tmp_path / "x.cache")
 
 

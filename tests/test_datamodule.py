@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +16,7 @@ from lightning.pytorch import LightningModule, Trainer
 
 from yolo5l.data.datamodule import ShardSampler, ValShardSampler, YOLODataModule, seed_worker
 from yolo5l.data.dataset import collate_fn
+from yolo5l.data.layout import DatasetError
 
 IMGSZ = 128
 
@@ -393,3 +396,30 @@ def test_validation_alone_scans_only_its_split(synthetic):
     dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), strategy=None)
     dm.prepare_data()
     assert set(dm._indices) == {"train", "val"}
+
+
+def test_training_needs_a_label_file_for_one_image_at_least_validation_does_not(synthetic, tmp_path, capsys):
+    """A dataset without its labels folder: v7.0 refuses to train ("No labels found"), naming where the labels were
+    looked for; backgrounds (some images without a label file) are fine, and the summary counts them. Validating an
+    unlabeled split goes on, its summary saying so."""
+    root = tmp_path / "mine"
+    shutil.copytree(make_dm(synthetic).spec.root, root)  # generated first if need be
+    labels = root / "labels"
+    dm = make_dm(synthetic, file=str(root / "data.yaml"))
+    shutil.rmtree(labels)
+    with pytest.raises(DatasetError) as e:
+        dm.setup("fit")
+    assert str(e.value) == (
+        f"train: no label file for any of its 24 images, and training needs labels: looked for them in "
+        f"{labels / 'train'}{os.sep} (e.g. train_000000.txt for train_000000.jpg). Put one <image stem>.txt per image "
+        f"there, in YOLO format (a 'class cx cy w h' line per object, normalised to [0, 1]); an image without objects "
+        f"gets an empty file or none."
+    )
+    dm.setup("validate")
+    assert "val: 10 images, 10 backgrounds (10 without a label file); " in capsys.readouterr().out
+
+    (labels / "train").mkdir(parents=True)
+    shutil.copy(Path(synthetic["root"]) / "labels" / "train" / "train_000005.txt", labels / "train")
+    dm = make_dm(synthetic, file=str(root / "data.yaml"))
+    dm.setup("fit")
+    assert "train: 24 images, 23 backgrounds (23 without a label file); " in capsys.readouterr().out

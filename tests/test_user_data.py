@@ -5,6 +5,7 @@ as a user runs it, AutoAnchor re-fitting a fine-tune's anchors with the run fold
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,25 @@ def test_a_fine_tune_on_thin_boxes_refits_the_anchors_and_writes_yolov5s_files(t
     wh = label_wh(labels, np.full((len(labels), 2), 64), 64)
     assert anchor_metrics(wh, coco)[0] < 0.5
     assert anchor_metrics(wh, model.anchor_pixels())[0] >= 0.98  # the run's weights carry the re-fitted anchors
+
+
+def test_a_dataset_without_its_labels_folder_stops_training_with_one_error_line(tmp_path):
+    """The new user's case: `rm -rf labels` trained on nothing, exit 0; v7.0 stops ("No labels found ..., can not
+    start training"). One error line names where the labels were looked for and what to put there."""
+    data = write_thin_dataset(tmp_path / "thin")
+    shutil.rmtree(data.parent / "labels")
+    r = subprocess.run(
+        [sys.executable, "-m", "yolo5l.train", "experiment=smoke", f"data.file={data}", "data.imgsz=64",
+         "trainer.enable_progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=600, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert [ln for ln in lines if ln.startswith("error:")] == [lines[-1]]
+    assert lines[-1].startswith(
+        f"error: train: no label file for any of its 12 images, and training needs labels: looked for them in "
+        f"{data.parent / 'labels' / 'train'}{os.sep} (e.g. 0.txt for 0.jpg). Put one <image stem>.txt per image there"
+    )
+    assert "AutoAnchor" not in r.stdout
+    assert "epoch 0/" not in r.stdout

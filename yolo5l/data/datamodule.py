@@ -250,7 +250,7 @@ class YOLODataModule(LightningDataModule):
         """Build the datasets of ``stage`` and fill this rank's image cache."""
         rank, world = self._dist()
         if stage in (None, "fit") and self.train_dataset is None:
-            index = self._scan("train")
+            index = self._scan("train").require_labels("train")  # v7.0 refuses to train on no label file at all
             self._resolve_input()
             host_cache = "none" if self.cache_used == "device" else self.cache_used  # workers send device indices
             ds = YOLODataset(

@@ -19,6 +19,10 @@
   duplicate rows are removed with a warning.
 - a missing label file makes the image a background; an empty one likewise (counted apart).
 
+Every message is a whole line that starts with the file to fix: ``<image>: corrupt, skipped: <why>`` for an image,
+``<label file> line <n>: <why>; image <image> skipped`` for a label file that makes its image corrupt, and
+``<label file> line <n>: <what>`` for a repair.
+
 Reference: ultralytics/yolov5 v7.0 ``utils/dataloaders.py::verify_image_label``, re-written from its behaviour;
 this policy is stricter about reporting and never edits the user's files.
 """
@@ -78,7 +82,7 @@ class Verified:
         im_file: The image path.
         labels: (n, 5) float32 ``[cls, cx, cy, w, h]``, normalised.
         shape: (h, w) after EXIF orientation; (0, 0) when corrupt.
-        messages: What was repaired, converted or wrong.
+        messages: What was repaired or wrong, one line each, starting with the file concerned.
         duplicates: Duplicate label rows removed.
         repaired: Whether the labels were repaired.
         converted: Whether the image is not 8-bit RGB (converted at read time).
@@ -96,6 +100,35 @@ class Verified:
 
 class _Corrupt(Exception):
     pass
+
+
+class _BadLabel(_Corrupt):
+    """A label file that makes its image corrupt: what is wrong, and at which line (None: the whole file)."""
+
+    def __init__(self, line: int | None, what: str) -> None:
+        super().__init__(what)
+        self.line, self.what = line, what
+
+    def message(self, lb_file: str, im_file: str) -> str:
+        where = lb_file if self.line is None else f"{lb_file} line {self.line}"
+        return f"{where}: {self.what}; image {im_file} skipped"
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _class_problem(text: str, cls: float, num_classes: int) -> str | None:
+    """Why ``cls`` (written ``text``) is no class id of a dataset of ``num_classes`` classes; None when it is one."""
+    ids = "id 0" if num_classes == 1 else f"ids 0 to {num_classes - 1}"
+    if cls != int(cls):
+        return f"class {text} is not a whole number (class {ids})"
+    if cls < 0:
+        return f"class {text} is negative (class {ids})"
+    if cls >= num_classes:
+        named = _count(num_classes, "class", "classes")
+        return f"class {text} is not below nc={num_classes} (the dataset yaml names {named}: {ids})"
+    return None
 
 
 def _too_small(h: int, w: int) -> None:
@@ -148,12 +181,14 @@ def _check_image(im_file: str) -> tuple[tuple[int, int], bool, list[str]]:
 
 
 def _parse_labels(lb_file: str, num_classes: int) -> tuple[np.ndarray, list[str], int, bool]:
-    """Parse one label file. Returns (labels (n, 5), warnings, duplicates removed, repaired). Raises _Corrupt."""
+    """Parse one label file. Returns (labels (n, 5), warnings, duplicates removed, repaired). Raises _BadLabel."""
     try:
         with open(lb_file, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError:
-        raise _Corrupt(f"label file {lb_file} is not UTF-8 text") from None
+        raise _BadLabel(None, "not UTF-8 text") from None
+    except OSError as e:
+        raise _BadLabel(None, f"cannot be read ({e.strerror or e})") from None
     rows: list[list[float]] = []
     warnings: list[str] = []
     repaired = False
@@ -164,39 +199,39 @@ def _parse_labels(lb_file: str, num_classes: int) -> tuple[np.ndarray, list[str]
         try:
             v = [float(x) for x in values]
         except ValueError:
-            raise _Corrupt(f"label line {n}: non-numeric value in {line.strip()!r}") from None
+            raise _BadLabel(n, f"non-numeric value in {line.strip()!r}") from None
         if not all(np.isfinite(v)):
-            raise _Corrupt(f"label line {n}: non-finite value in {line.strip()!r}")
+            raise _BadLabel(n, f"non-finite value in {line.strip()!r}")
         cls = v[0]
-        if cls != int(cls) or not 0 <= cls < num_classes:
-            raise _Corrupt(f"label line {n}: class id {values[0]} is not an integer in [0, {num_classes - 1}]")
+        if (problem := _class_problem(values[0], cls, num_classes)) is not None:
+            raise _BadLabel(n, problem)
         coords = np.asarray(v[1:], dtype=np.float64)
         is_polygon = len(v) >= MIN_POLYGON_VALUES and len(coords) % 2 == 0
         if len(v) != LABEL_COLS and not is_polygon:
             extra = " (a detect.py --save-conf output?)" if len(v) == _SAVE_CONF_COLS else ""
-            raise _Corrupt(
-                f"label line {n}: {len(v)} values, expected {LABEL_COLS} (cls cx cy w h) or {MIN_POLYGON_VALUES}+ "
-                f"(cls x1 y1 x2 y2 ...){extra}"
-            )
+            raise _BadLabel(
+                n, f"{len(v)} values, expected {LABEL_COLS} (cls cx cy w h) or {MIN_POLYGON_VALUES}+ "
+                f"(cls x1 y1 x2 y2 ...){extra}",
+            )  # fmt: skip
         bad = (coords < -COORD_TOL) | (coords > 1 + COORD_TOL)
         if bad.any():
             what = "negative value" if (coords < -COORD_TOL).any() else "value above 1"
-            raise _Corrupt(f"label line {n}: {what} in {line.strip()!r} (coordinates must be normalised to [0, 1])")
+            raise _BadLabel(n, f"{what} in {line.strip()!r} (coordinates must be normalised to [0, 1])")
         if ((coords < 0) | (coords > 1)).any():
             coords = coords.clip(0.0, 1.0)
             repaired = True
-            warnings.append(f"label line {n}: values within {COORD_TOL} outside [0, 1] clipped")
+            warnings.append(f"{lb_file} line {n}: values within {COORD_TOL} outside [0, 1] clipped")
         if is_polygon:
             pts = coords.reshape(-1, 2)
             corners = np.concatenate((pts.min(0), pts.max(0)))[None]  # (1, 4) x1 y1 x2 y2, already normalised
             box = xyxy_to_xywhn(corners, 1.0, 1.0, clip=False)[0]
             repaired = True
-            warnings.append(f"label line {n}: polygon of {len(pts)} points converted to its box")
+            warnings.append(f"{lb_file} line {n}: polygon of {len(pts)} points converted to its box")
         else:
             box = coords
         if box[2] <= 0 or box[3] <= 0:
             repaired = True
-            warnings.append(f"label line {n}: zero-size box dropped")
+            warnings.append(f"{lb_file} line {n}: zero-size box dropped")
             continue
         rows.append([cls, *box.tolist()])
     if not rows:
@@ -206,7 +241,7 @@ def _parse_labels(lb_file: str, num_classes: int) -> tuple[np.ndarray, list[str]
     duplicates = len(lb) - len(first)
     if duplicates:
         lb = lb[np.sort(first)]
-        warnings.append(f"{duplicates} duplicate label rows removed")
+        warnings.append(f"{lb_file}: {_count(duplicates, 'duplicate label row', 'duplicate label rows')} removed")
     return lb, warnings, duplicates, repaired
 
 
@@ -218,17 +253,22 @@ def verify_image_label(im_file: str, num_classes: int) -> Verified:
         num_classes: Class ids must lie in [0, num_classes).
 
     Returns:
-        A record with the kind (``ok``/``missing``/``empty``/``corrupt``), labels, (h, w) and messages.
+        A record with the kind (``ok``/``missing``/``empty``/``corrupt``), labels, (h, w) and messages (whole
+        lines, each naming its file; a corrupt image has exactly one).
     """
+    lb_file = img2label_path(im_file)
     try:
-        shape, converted, msgs = _check_image(im_file)
-        lb_file = img2label_path(im_file)
+        shape, converted, warnings = _check_image(im_file)
+        msgs = [f"{im_file}: {w}" for w in warnings]
         if not os.path.isfile(lb_file):
             return Verified(MISSING, im_file, empty_labels(), shape, msgs, converted=converted)
         lb, lb_msgs, dups, repaired = _parse_labels(lb_file, num_classes)
         kind = OK if len(lb) else EMPTY
         return Verified(kind, im_file, lb, shape, msgs + lb_msgs, dups, repaired, converted)
+    except _BadLabel as e:
+        return Verified(CORRUPT, im_file, empty_labels(), (0, 0), [e.message(lb_file, im_file)])
     except _Corrupt as e:
-        return Verified(CORRUPT, im_file, empty_labels(), (0, 0), [f"corrupt, skipped: {e}"])
+        return Verified(CORRUPT, im_file, empty_labels(), (0, 0), [f"{im_file}: corrupt, skipped: {e}"])
     except Exception as e:  # anything unforeseen is still a per-file report, never a crash of the whole scan
-        return Verified(CORRUPT, im_file, empty_labels(), (0, 0), [f"corrupt, skipped: {type(e).__name__}: {e}"])
+        why = f"{type(e).__name__}: {e}"
+        return Verified(CORRUPT, im_file, empty_labels(), (0, 0), [f"{im_file}: corrupt, skipped: {why}"])

@@ -25,14 +25,15 @@ import numpy as np
 
 from yolo5l.base.files import atomic_open, atomic_write, file_lock, user_cache_dir
 from yolo5l.data.label_check import CORRUPT, EMPTY, MISSING, OK, Verified, empty_labels, verify_image_label
-from yolo5l.data.layout import DatasetError, dir_writable, img2label_path, probe_write
+from yolo5l.data.layout import IMAGES_DIR, LABEL_SUFFIX, DatasetError, dir_writable, img2label_path, probe_write
 
-__all__ = ["CACHE_VERSION", "MAX_SCAN_THREADS", "LabelIndex", "ScanReport", "scan_labels"]
+__all__ = ["CACHE_VERSION", "MAX_SCAN_THREADS", "SHOWN_SKIPPED", "LabelIndex", "ScanReport", "scan_labels"]
 
 # Bump when the cache layout or the verification rules change: old caches are then rebuilt.
-CACHE_VERSION = "yolo5l-labels-1"
+CACHE_VERSION = "yolo5l-labels-2"
 MAX_SCAN_THREADS = 8  # default verification threads: min(MAX_SCAN_THREADS, CPU cores)
 _SCAN_CHUNK = 64  # images per task handed to a verification thread
+SHOWN_SKIPPED = 3  # corrupt images named on the console under the scan's warning; the log names them all
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class ScanReport:
         duplicates: Duplicate label rows removed.
         repaired: Images whose labels were repaired (clipped values, polygons, zero-size boxes dropped).
         converted: Kept images that are not 8-bit RGB/BGR (converted at read time).
-        messages: One line per notable file: ``"<path>: <what>"``.
+        messages: One line per notable file, starting with the file to fix (see :mod:`yolo5l.data.label_check`):
+            the ``corrupt`` skipped images' lines first (one each), then the others, in the images' order.
         log_path: The log file the messages were written to.
         from_cache: Whether this scan was read from the cache.
     """
@@ -77,21 +79,29 @@ class ScanReport:
         """Images kept in the index."""
         return self.found + self.missing + self.empty
 
+    @property
+    def skipped(self) -> list[str]:
+        """The line of each skipped (corrupt) image."""
+        return self.messages[: self.corrupt]
+
     def counts(self) -> dict[str, int]:
         """The integer counts (every ``int`` field), as stored in the cache."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.type == "int"}
 
     def summary(self, split: str = "train") -> str:
-        """One line, e.g. ``train: 512 images, 12 backgrounds, 3 corrupt skipped (see labels.cache.log)``."""
-        parts = [f"{self.kept} images", f"{self.backgrounds} backgrounds"]
-        if self.empty:
-            parts[-1] += f" ({self.empty} empty label files)"
+        """One line, e.g. ``train: 512 images, 12 backgrounds (1 empty label file, 11 without a label file),
+        3 corrupt skipped (see labels.cache.log)``."""
+        parts = [_count(self.kept, "image", "images"), _count(self.backgrounds, "background", "backgrounds")]
+        kinds = [_count(self.empty, "empty label file", "empty label files")] if self.empty else []
+        kinds += [f"{self.missing} without a label file"] if self.missing else []
+        if kinds:
+            parts[-1] += f" ({', '.join(kinds)})"
         if self.corrupt:
             parts.append(f"{self.corrupt} corrupt skipped")
         if self.duplicates:
-            parts.append(f"{self.duplicates} duplicate rows removed")
+            parts.append(f"{_count(self.duplicates, 'duplicate row', 'duplicate rows')} removed")
         if self.repaired:
-            parts.append(f"{self.repaired} labels repaired")
+            parts.append(f"{_count(self.repaired, 'label', 'labels')} repaired")
         if self.converted:
             parts.append(f"{self.converted} converted to 8-bit RGB")
         line = f"{split}: " + ", ".join(parts)
@@ -100,6 +110,17 @@ class ScanReport:
         if self.from_cache:
             line += " [cached]"
         return line
+
+    def warning(self, split: str = "train") -> str:
+        """The summary and, under it, the first :data:`SHOWN_SKIPPED` skipped images' lines (the log has them all)."""
+        shown = [f"  {m}" for m in self.skipped[:SHOWN_SKIPPED]]
+        if (more := len(self.skipped) - len(shown)) > 0:
+            shown.append(f"  ... and {more} more" + (f" in {self.log_path}" if self.log_path is not None else ""))
+        return "\n".join([self.summary(split), *shown])
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 @dataclass
@@ -120,6 +141,28 @@ class LabelIndex:
 
     def __len__(self) -> int:
         return len(self.im_files)
+
+    def require_labels(self, split: str = "train") -> LabelIndex:
+        """This index, unless not one of its images has a label file: training on it would learn nothing (v7.0:
+        "No labels found ..., can not start training"). Some images without one are backgrounds, and fine.
+
+        Raises:
+            DatasetError: Naming the labels folder v7.0's images -> labels rule gives for the first image.
+        """
+        r = self.report
+        if not self.im_files or r.missing < r.kept:
+            return self
+        im = self.im_files[0]
+        lb = Path(img2label_path(im))
+        beside = f"{os.sep}{IMAGES_DIR}{os.sep}" not in im
+        rule = f", beside the images: their path has no '{IMAGES_DIR}' folder" if beside else ""
+        images = "its only image" if r.kept == 1 else f"any of its {r.kept} images"
+        raise DatasetError(
+            f"{split}: no label file for {images}, and training needs labels: looked for them in {lb.parent}{os.sep} "
+            f"(e.g. {lb.name} for {Path(im).name}){rule}. Put one <image stem>{LABEL_SUFFIX} per "
+            f"image there, in YOLO format (a 'class cx cy w h' line per object, normalised to [0, 1]); an image "
+            f"without objects gets an empty file or none."
+        )
 
 
 # --------------------------------------------------------------------------------------------- the cache file
@@ -228,6 +271,7 @@ def _default_workers() -> int:
 
 def _build(im_files: Sequence[str], num_classes: int, workers: int) -> LabelIndex:
     report = ScanReport(total=len(im_files))
+    skipped: list[str] = []
     kept_files: list[str] = []
     labels: list[np.ndarray] = []
     shapes: list[tuple[int, int]] = []
@@ -242,10 +286,11 @@ def _build(im_files: Sequence[str], num_classes: int, workers: int) -> LabelInde
         results = (verify_image_label(f, num_classes) for f in im_files)
     try:
         for v in results:
-            report.messages.extend(f"{v.im_file}: {m}" for m in v.messages)
             if v.kind == CORRUPT:
+                skipped.extend(v.messages)  # one line
                 report.corrupt += 1
                 continue
+            report.messages.extend(v.messages)
             report.found += v.kind == OK
             report.missing += v.kind == MISSING
             report.empty += v.kind == EMPTY
@@ -260,6 +305,7 @@ def _build(im_files: Sequence[str], num_classes: int, workers: int) -> LabelInde
     finally:
         if pool is not None:
             pool.shutdown()
+    report.messages = skipped + report.messages  # both in the images' order
     shape_arr = np.asarray(shapes, dtype=np.int64).reshape(-1, 2)
     return LabelIndex(kept_files, labels, shape_arr, report)
 
@@ -314,22 +360,23 @@ def scan_labels(
             if index is None:
                 t0 = time.perf_counter()
                 index = _build(im_files, num_classes, workers or _default_workers())
-                index.report.messages.sort()
                 _save_cache_or_warn(target, index, files_hash, split)
                 with contextlib.suppress(OSError):  # the last scan's messages, if any, no longer apply
                     _log_path(cache_path).unlink()
-                _log.info("%s: scanned %d images in %.2f s", split, len(im_files), time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                _log.info("%s: scanned %s in %.2f s", split, _count(len(im_files), "image", "images"), took)
     log_path = _log_path(cache_path)
     if index.report.messages and not log_path.exists():
         _write_log(log_path, index.report, split)
     index.report.log_path = log_path if index.report.messages and log_path.exists() else None
     if not index.im_files:
+        n = index.report.total
         raise DatasetError(
-            f"{split}: all {index.report.total} images are corrupt (first: {index.report.messages[:1]}); "
-            f"see {log_path} for every file."
+            f"{split}: {'the only image is' if n == 1 else f'all {n} images are'} corrupt (first: "
+            f"{index.report.messages[0]}); see {log_path} for every file."
         )
     if index.report.corrupt or index.report.duplicates or index.report.repaired:
-        _log.warning(index.report.summary(split))
+        _log.warning(index.report.warning(split))
     else:  # the data module prints the summary line with the image cache's
         _log.debug(index.report.summary(split))
     return index
