@@ -48,13 +48,16 @@ class SignalAt(Callback):
     """
 
     def __init__(
-        self, epoch: int = 0, batch: int = 1, name: str = "SIGTERM", rank: int | None = None, group: bool = False
-    ) -> None:
+        self, epoch: int = 0, batch: int = 1, name: str = "SIGTERM", rank: int | None = None, group: bool = False,
+        times: int = 1,
+    ) -> None:  # fmt: skip
         self.epoch, self.batch, self.signum, self.rank = int(epoch), int(batch), getattr(signal, name), rank
-        self.group = bool(group)
+        self.group, self.times = bool(group), int(times)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            for _ in range(self.times - 1):  # a user who presses Ctrl-C again
+                os.kill(os.getpid(), self.signum)
             if self.group:
                 os.killpg(os.getpgid(0), self.signum)  # the test starts the run in a session of its own
             elif self.rank is None or trainer.global_rank == self.rank:
@@ -195,24 +198,45 @@ def test_preempted_twice_and_resumed_ends_as_the_uninterrupted_run(tmp_path, syn
 
 
 @pytest.mark.heavy  # two runs: CI runs it (make test-ci), `make test` stays light
-def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthetic, uninterrupted):
-    """SLURM signals every process of the job step: SIGUSR1 to the whole group, 2 persistent DataLoader workers
-    included (its default action would kill them, and the run with them). The run stops at the step as a lone
-    signal would, and resumed (with its workers) it ends bit-identical to the uninterrupted run without workers
-    (augmentation depends on neither)."""
+@pytest.mark.parametrize(("name", "stopped"), [("SIGUSR1", "preempted (SIGUSR1)"), ("SIGINT", "stopped (Ctrl-C)")])
+def test_signal_to_the_process_group_spares_persistent_workers(tmp_path, synthetic, uninterrupted, name, stopped):
+    """SLURM signals every process of the job step, and Ctrl-C every process of the terminal's foreground group: the
+    signal to the whole group, 2 persistent DataLoader workers included (SIGUSR1's default action would kill them,
+    SIGINT's KeyboardInterrupt end them, and the run with them). The run stops at the step as a lone signal would,
+    and resumed (with its workers) it ends bit-identical to the uninterrupted run without workers (augmentation
+    depends on neither)."""
     run = tmp_path / "run"
     workers = ("data.num_workers=2", "data.persistent_workers=true")
     rc, _, err = _wait(
-        _train(run, synthetic, *COMMON, *workers, *_signal_args(0, 1, "SIGUSR1"), "+callbacks.signal.group=true")
+        _train(run, synthetic, *COMMON, *workers, *_signal_args(0, 1, name), "+callbacks.signal.group=true")
     )
     last = run / "checkpoints" / "last.ckpt"
-    assert rc == 128 + signal.SIGUSR1, err[-3000:]
+    assert rc == 128 + getattr(signal, name), err[-3000:]
+    assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
-        f"preempted (SIGUSR1) at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={shown_path(last)}"
+        f"{stopped} at epoch 0, batch 2 of 4: resume with python -m yolo5l.train resume={shown_path(last)}"
     )
+    assert ("Ctrl-C: stopping at the next step a checkpoint resumes exactly" in err) == (name == "SIGINT")
     rc, _, err = _wait(_resume(last))
     assert rc == 0, err[-3000:]
     _assert_same_training_state(uninterrupted(), _load(last))
+
+
+@pytest.mark.heavy  # a run: CI runs it (make test-ci), `make test` stays light
+def test_ctrl_c_twice_stops_at_once_and_names_the_last_save(tmp_path, synthetic):
+    """A second Ctrl-C before the step ends stops the run at once, through Lightning's KeyboardInterrupt handling
+    (exit 1), with a line naming last.ckpt (written at the end of epoch 0) to resume from."""
+    run = tmp_path / "run"
+    last = run / "checkpoints" / "last.ckpt"
+    rc, _, err = _wait(_train(run, synthetic, *COMMON, *_signal_args(1, 1, "SIGINT"), "+callbacks.signal.times=2"))
+    assert rc == 1, err[-3000:]
+    assert "Ctrl-C: stopping at the next step" in err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"stopped (Ctrl-C) in epoch 1: resume with python -m yolo5l.train resume={shown_path(last)} (its last save: "
+        "the epoch it was in starts again)"
+    )
+    assert _load(last)["epoch"] == 0
 
 
 @pytest.mark.heavy  # three runs: CI runs it (make test-ci), `make test` stays light

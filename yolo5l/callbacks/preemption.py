@@ -78,6 +78,11 @@ from yolo5l.callbacks.lost_rank import RankLost, collective_failure, lost_rank_m
 
 __all__ = ["Preempted", "PreemptionCheckpoint"]
 
+_CTRL_C = (
+    "\nCtrl-C: stopping at the next step a checkpoint resumes exactly (at the latest after this epoch and its "
+    "validation); Ctrl-C again stops now, and the run then resumes from its last epoch end\n"
+)
+
 
 class Preempted(SIGTERMException):
     """The run stopped for a signal after writing a resumable `last.ckpt`; exits with status 128 + `signum`.
@@ -101,7 +106,7 @@ class PreemptionCheckpoint(Checkpoint):
 
     Args:
         signals: signal names to handle (SIGTERM: SLURM, Kubernetes and spot instances before they kill; SIGUSR1:
-            SLURM's `--signal=USR1@<seconds>` notice). Add SIGINT to make Ctrl-C stop resumably too.
+            SLURM's `--signal=USR1@<seconds>` notice; SIGINT: Ctrl-C, whose second press stops at once).
         check_every_n_steps: under DDP, optimizer steps between the ranks' agreements (one all-reduce and one host
             sync each); unused on one process.
         folder: where `last.ckpt` goes; None: `LastCheckpoint`'s folder, else `<default_root_dir>/checkpoints`.
@@ -111,7 +116,7 @@ class PreemptionCheckpoint(Checkpoint):
 
     def __init__(
         self,
-        signals: Sequence[str] = ("SIGTERM", "SIGUSR1"),
+        signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGINT"),
         check_every_n_steps: int = 10,
         folder: str | os.PathLike | None = None,
         agree_timeout_s: float = 10.0,
@@ -152,12 +157,22 @@ class PreemptionCheckpoint(Checkpoint):
         if not self._active:
             self._pass_on(signum, frame)
             return
-        # As little as possible: no I/O (a print here can re-enter a write the main thread was doing), no collective.
+        # As little as possible: no buffered I/O (a print here can re-enter a write the main thread was doing), no
+        # collective.
         first = not self._received
+        if signum == signal.SIGINT and self._leads():
+            if self._received == signal.SIGINT:  # Ctrl-C again: stop now, as Python's own handler would
+                signal.default_int_handler(signum, frame)
+            os.write(2, _CTRL_C.encode())
         self._received = int(signum)
         launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
         if first and launcher is not None and hasattr(launcher, "kill"):
             launcher.kill(signum)  # the ranks this process started (Lightning's script launcher) hear it too
+
+    def _leads(self) -> bool:
+        # The process a user's Ctrl-C is for: rank 0 (the ranks it started hear the signal from the terminal and from
+        # their launcher, and leave the second press to it: it kills them).
+        return getattr(self._trainer, "global_rank", 0) == 0
 
     def _pass_on(self, signum: int, frame: FrameType | None) -> None:
         # Installed after fit (Lightning's teardown after an exception puts back the handlers it found, this one
@@ -252,6 +267,15 @@ class PreemptionCheckpoint(Checkpoint):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._uninstall()
+        if isinstance(exception, KeyboardInterrupt) and trainer.is_global_zero:  # Ctrl-C twice, or where not caught
+            path = last_checkpoint(trainer)
+            resume = f"resume with python -m yolo5l.train resume={shown_path(path)} (its last save: the epoch it was in"
+            print(
+                f"\nstopped (Ctrl-C) in epoch {trainer.current_epoch}: "
+                + (f"{resume} starts again)" if path else "no checkpoint was written yet, nothing to resume"),
+                file=sys.stderr,
+                flush=True,
+            )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -310,9 +334,9 @@ class PreemptionCheckpoint(Checkpoint):
         self._uninstall()
         if trainer.is_global_zero:
             requeued = _requeue(trainer, signum)
-            name = signal.Signals(signum).name
+            what = "stopped (Ctrl-C)" if signum == signal.SIGINT else f"preempted ({signal.Signals(signum).name})"
             print(
-                f"\npreempted ({name}) {where}: resume with python -m yolo5l.train resume={shown_path(path)}"
+                f"\n{what} {where}: resume with python -m yolo5l.train resume={shown_path(path)}"
                 f"{'; ' + requeued if requeued else ''}",
                 file=sys.stderr,
                 flush=True,

@@ -59,9 +59,9 @@ def seed_worker(worker_id: int) -> None:
     """
     info = get_worker_info()
     if info is not None:
-        # A SIGTERM/SIGUSR1 sent to the whole process group (SLURM, Kubernetes) is the main process's to handle
+        # A SIGTERM/SIGUSR1/SIGINT sent to the whole process group (SLURM, Kubernetes, Ctrl-C) is the main process's
         # (PreemptionCheckpoint); workers end with their parent. Never in the main process: SIG_IGN survives exec.
-        for sig in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)):
+        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)):
             if sig is not None:
                 signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
