@@ -240,6 +240,12 @@ def convert(argv: list[str], capsys) -> tuple[int, list[str]]:
         (["/no/such.pt", "{out}"], "/no/such.pt"),
         (["{w}", "{w}"], "would overwrite the source"),
         (["{w}", "{out}", "--num-classes", "0"], "--num-classes must be >= 1"),
+        (
+            ["best.onnx", "{out}"],
+            "error: best.onnx: an exported model (format=onnx), which cannot be converted: give "
+            "the .pt it was exported from (best.pt, weights.pt or last.ckpt)",
+        ),
+        (["best_openvino_model", "{out}"], "best_openvino_model: an exported model (format=openvino)"),
     ],
 )
 def test_convert_mistakes_are_one_line(tmp_path, capsys, args, needle):

@@ -17,6 +17,7 @@ from yolo5l.base import hardware
 from yolo5l.base.errors import UserError
 from yolo5l.config import (
     CONFIG_MODULE,
+    check_export_config,
     check_group_choices,
     check_predict_config,
     check_train_config,
@@ -388,6 +389,26 @@ def test_val_and_predict_checks(tmp_path, name, overrides, needle):
         (check_val_config if name == "val" else check_predict_config)(cfg)
 
 
+def test_an_exported_model_is_refused_where_pytorch_weights_are_needed(tmp_path):
+    """train's and export's weights= need the .pt an export was made from; val and predict run exported files."""
+    onnx = tmp_path / "best.onnx"
+    onnx.write_bytes(b"\x08\x01 not a pickle")
+    fix = "give the .pt it was exported from (best.pt, weights.pt or last.ckpt)"
+    cfg = compose_config([f"weights={onnx}"], output_dir=tmp_path / "train")
+    with pytest.raises(UserError) as e:
+        check_train_config(cfg)
+    assert str(e.value) == f"weights={onnx}: an exported model (format=onnx), which cannot be trained from: {fix}"
+    folder = tmp_path / "best_openvino_model"
+    folder.mkdir()
+    (folder / "best.xml").write_text("<net/>")
+    with pytest.raises(UserError, match=r"best_openvino_model: an exported model \(format=openvino\), which cannot"):
+        check_train_config(compose_config([f"weights={folder}"], output_dir=tmp_path / "train2"))
+    with pytest.raises(UserError, match=r"best\.onnx: an exported model \(format=onnx\), which cannot be exported"):
+        check_export_config(compose_config([f"weights={onnx}"], "export", tmp_path / "export"))
+    check_val_config(compose_config([f"weights={onnx}"], "val", tmp_path / "val"))
+    check_predict_config(compose_config([f"weights={folder}", "source=a.jpg"], "predict", tmp_path / "predict"))
+
+
 def test_group_choices_are_checked_before_composing():
     check_group_choices(["model=yolov5n", "module/metric=coco", "experiment=null", "data.imgsz=320"])
     with pytest.raises(UserError, match="unknown model 'yolov5q': choose one of yolov5l, yolov5l6, yolov5m"):
@@ -399,6 +420,34 @@ def test_group_choices_are_checked_before_composing():
     check_group_choices(["hparams_search=evolve", "hparams_search=null"])
     with pytest.raises(UserError, match="unknown hparams_search 'foo': choose one of evolve"):
         check_group_choices(["hparams_search=foo"])
+
+
+def test_a_file_given_as_a_group_option_gets_the_key_that_takes_it(tmp_path, monkeypatch):
+    """v7.0's `--data data.yaml` written `data=data.yaml`: the line says what to write (the file key, or the preset)."""
+    monkeypatch.chdir(tmp_path)
+    data, models = "coco, coco128, synthetic", ", ".join(config_choices("model"))
+    cases = {
+        "data=/u/data.yaml": f"unknown data '/u/data.yaml': choose one of {data}; for a dataset yaml write "
+        "data.file=/u/data.yaml",
+        "data=coco128.yaml": f"unknown data 'coco128.yaml': choose one of {data}; write data=coco128",
+        "data=mydata": f"unknown data 'mydata': choose one of {data}",  # no file: the plain line
+        "model=yolov5s.yml": f"unknown model 'yolov5s.yml': choose one of {models}; write model=yolov5s",
+        "model=path/my.yaml": f"unknown model 'path/my.yaml': choose one of {models}; for a model yaml write "
+        "model.cfg=path/my.yaml",
+        "logger=x.yaml": "unknown logger 'x.yaml': choose one of clearml, comet, csv, mlflow, none, tensorboard, wandb",
+    }
+    for arg, message in cases.items():
+        with pytest.raises(UserError) as e:
+            check_group_choices([arg])
+        assert str(e.value) == message
+    (tmp_path / "coco128.yaml").write_text("nc: 1\n")  # a file of that name here: either reading
+    with pytest.raises(
+        UserError, match=r"; write data=coco128 for the preset, or data.file=coco128.yaml for this file$"
+    ):
+        check_group_choices(["data=coco128.yaml"])
+    (tmp_path / "mydata").write_text("nc: 1\n")  # an existing file without a yaml suffix
+    with pytest.raises(UserError, match=r"; for a dataset yaml write data.file=mydata$"):
+        check_group_choices(["data=mydata"])
 
 
 def test_train_check_refuses_ddp_in_multirun_but_allows_spawn(tmp_path):

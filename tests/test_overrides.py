@@ -32,6 +32,21 @@ TYPOS = [
     ("train", ["+data.imgsz=320"], "data.imgsz is already a key: drop the +"),
     ("train", ["module.optimizer=adamw"], "pick the option with module/optimizer="),
     ("train", ["--epochs", "3"], "unknown option --epochs: yolo5l takes key=value overrides; write trainer.max_"),
+    # the value typed after a v7.0 option carries over to the override; none typed: the placeholder
+    ("val", ["--task", "test"], "unknown option --task: yolo5l takes key=value overrides; write task=test"),
+    ("val", ["--task"], "write task=val"),
+    ("train", ["--epochs", "3", "data.imgsz=64"], "write trainer.max_epochs=3"),
+    ("train", ["--epochs=3"], "write trainer.max_epochs=3"),
+    ("train", ["--epochs", "data.imgsz=64"], "write trainer.max_epochs=N"),
+    ("train", ["--img", "320"], "write data.imgsz=320"),
+    ("train", ["--batch", "-1"], "write data.batch_size=-1"),
+    ("train", ["--data", "my/data.yaml"], "write data.file=my/data.yaml"),
+    ("train", ["--data", "coco128.yaml"], "write data=coco128"),  # v7.0's own data/coco128.yaml: the preset here
+    ("train", ["--optimizer", "AdamW"], "write module/optimizer=adamw"),
+    ("train", ["--device", "0,1"], "write trainer.devices=[0,1]"),
+    ("train", ["--device", "cpu"], "write trainer.accelerator=cpu"),
+    ("predict", ["--device", "1"], "write device=cuda:1"),
+    ("train", ["epochs=3"], "epochs=3: unknown key epochs; write trainer.max_epochs=3"),
     ("train", ["data.imgsz"], "cannot read the override 'data.imgsz': write key=value"),
     ("train", ["-m", "model=yolov5n,yolov5s", "data.imgsiz=128,256"], "did you mean data.imgsz?"),
     ("val", ["weights=w.pt", "imgsz=320"], "did you mean data.imgsz?"),
@@ -39,9 +54,9 @@ TYPOS = [
     ("predict", ["weights=w.pt", "source=a.jpg", "conf=0.5"], "did you mean conf_thres?"),
     ("predict", ["weights=w.pt", "source=a.jpg", "+conf_thresh=0.5"],
      "nothing in python -m yolo5l.predict reads conf_thresh; did you mean conf_thres?"),
-    ("predict", ["--conf-thres", "0.5"], "write conf_thres=X"),
+    ("predict", ["--conf-thres", "0.5"], "write conf_thres=0.5"),
     ("export", ["weights=w.pt", "fromat=onnx"], "did you mean format?"),
-    ("export", ["weights=w.pt", "include=onnx"], "write format=onnx|torchscript"),
+    ("export", ["weights=w.pt", "include=onnx"], "write format=onnx (several: format=[onnx,openvino])"),
     ("export", ["weights=w.pt", "format=onnx,openvino"],
      "format=onnx,openvino: values separated by commas are a sweep, one run each (add -m); for a list write "
      "format=[onnx,openvino], for text with commas quote it: format='onnx,openvino'"),
@@ -52,9 +67,9 @@ TYPOS = [
     ("export", ["weights=w.pt", "--verbose"],
      "unknown option --verbose: yolo5l takes key=value overrides; v7.0's --verbose has no counterpart here"),
     ("export", ["weights=w.pt", "keras=true"], "--keras has no counterpart here: it picks Keras for TF SavedModel"),
-    ("export", ["weights=w.pt", "topk_all=100"], "write max_det=N (with nms=true)"),
+    ("export", ["weights=w.pt", "topk_all=100"], "write max_det=100 (with nms=true)"),
     ("export", ["weights=w.pt", "--agnostic-nms"], "write agnostic_nms=true (with nms=true)"),
-    ("export", ["weights=w.pt", "--data", "coco128.yaml"], "write calib_data=path/to/data.yaml"),
+    ("export", ["weights=w.pt", "--data", "coco128.yaml"], "write calib_data=coco128.yaml (int8 calibration)"),
 ]  # fmt: skip
 
 VALID = [
@@ -99,7 +114,7 @@ ENTRY_MISTAKES = [
     ("train", ["+data.imgsiz=256"], "takes no argument 'imgsiz'; did you mean data.imgsz?"),
     ("val", ["weights={w}", "data.imgsiz=256"], "did you mean data.imgsz?"),
     ("predict", ["weights={w}", "source=a.jpg", "iou=0.5"], "did you mean iou_thres?"),
-    ("export", ["weights={w}", "--include", "onnx"], "write format=onnx|torchscript"),
+    ("export", ["weights={w}", "--include", "onnx"], "write format=onnx (several: format=[onnx,openvino])"),
 ]
 
 
@@ -161,6 +176,24 @@ def test_every_v7_option_hint_is_a_valid_override(entry):
         override = re.sub(r"=N$", "=2", re.sub(r"=X$", "=0.1", override))
         check_overrides([*required.get(entry, []), override], entry)  # raises for a hint that is not valid
         assert option.startswith("--")
+
+
+@pytest.mark.parametrize(
+    ("entry", "flag", "value"),
+    [("train", "--epochs", "3"), ("train", "--img", "320"), ("train", "--device", "0,1"), ("train", "--device", "cpu"),
+     ("train", "--optimizer", "SGD"), ("train", "--cache", "disk"), ("train", "--data", "coco128.yaml"),
+     ("val", "--task", "test"), ("val", "--device", "0"), ("val", "--conf-thres", "0.25"),
+     ("predict", "--device", "0"), ("export", "--include", "onnx"), ("export", "--img", "320")],
+)  # fmt: skip
+def test_a_v7_option_hint_with_the_typed_value_is_a_valid_override(entry, flag, value):
+    """`--task test` is told `task=test` (not task=val), and that override passes the check."""
+    from yolo5l.v7_options import v7_hint
+
+    hint = v7_hint(entry, flag, value)
+    assert hint is not None
+    assert value.lower() in hint or hint == "data=coco128", hint
+    required = {"val": ["weights=w.pt"], "predict": ["weights=w.pt", "source=a.jpg"], "export": ["weights=w.pt"]}
+    check_overrides([*required.get(entry, []), *hint.split(" (")[0].split()], entry)
 
 
 QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]  # no log handlers left in this process
@@ -235,6 +268,9 @@ def test_a_config_dir_of_the_users_own_is_checked_as_it_composes(tmp_path, monke
         run_hydra_app(app, "train", [*cd, "data=mine", "data.imgsiz=3", *QUIET])
     with pytest.raises(UserError, match=r"^unknown data 'mien': choose one of coco, coco128, mine, synthetic$"):
         run_hydra_app(app, "train", [*cd, "data=mien", *QUIET])
+    file_hint = r"^unknown data 'my/d.yaml': choose .*, synthetic; for a dataset yaml write data\.file=my/d\.yaml$"
+    with pytest.raises(UserError, match=file_hint):
+        run_hydra_app(app, "train", [*cd, "data=my/d.yaml", *QUIET])
     (tmp_path / "configs" / "extra").mkdir()  # a group of the user's own, picked with + (train's defaults lack it)
     (tmp_path / "configs" / "extra" / "one.yaml").write_text("# @package _global_\ndata:\n  imgsz: 160\n")
     run_hydra_app(app, "train", [*cd, "+extra=one", "hydra.run.dir=run2", *QUIET])

@@ -37,6 +37,7 @@ __all__ = [
     "config_choices",
     "override_key",
     "to_yaml",
+    "unknown_option",
 ]
 
 CONFIG_MODULE = "yolo5l.conf"
@@ -199,7 +200,27 @@ def check_group_choices(argv: Sequence[str], groups: Sequence[str] | None = None
             if option in ("null", "") and key in nullable_groups():
                 continue
             if option not in choices:
-                raise UserError(f"unknown {key} {option!r}: choose one of {', '.join(choices)}")
+                raise UserError(unknown_option(key, option, choices))
+
+
+#: Groups whose option a file may replace, with the key that takes the file (`data=my.yaml` -> `data.file=my.yaml`).
+FILE_KEYS = {"data": ("data.file", "a dataset yaml"), "model": ("model.cfg", "a model yaml")}
+
+
+def unknown_option(group: str, option: str, choices: Sequence[str]) -> str:
+    """`unknown data 'x': choose one of ...`; for a file given as the option (v7.0's `--data data.yaml`), what to
+    write instead: the preset it names (`data=coco128`), or the key that takes a file (`data.file=...`)."""
+    message = f"unknown {group} {option!r}: choose one of {', '.join(choices)}"
+    path = Path(option)
+    if not (option.endswith((".yaml", ".yml")) or "/" in option or os.sep in option or path.is_file()):
+        return message
+    key, what = FILE_KEYS.get(group, (None, None))
+    preset = path.stem if path.stem in choices and path.parent == Path(".") else None
+    if preset is not None and key is not None and path.is_file():
+        return f"{message}; write {group}={preset} for the preset, or {key}={option} for this file"
+    if preset is not None:
+        return f"{message}; write {group}={preset}"
+    return f"{message}; for {what} write {key}={option}" if key is not None else message
 
 
 def _sweep_values(value: str) -> list[str]:
@@ -244,10 +265,15 @@ def _check_file(value: Any, key: str, hint: str) -> None:
         raise UserError(f"{key}={str(value)!r}: file not found; {hint}")
 
 
-def _check_weights(value: Any) -> None:
+def _check_weights(value: Any, use: str | None = None) -> None:
+    """`weights=`: a file, a URL or release name, or an exported folder; with `use` (`trained from`) PyTorch weights
+    only, an exported model refused."""
+    from yolo5l.deploy.exported import not_weights
     from yolo5l.deploy.formats import find_format
     from yolo5l.io.download import weights_url
 
+    if use is not None and (problem := not_weights(str(value), use)):
+        raise UserError(f"weights={value}: {problem}")
     if weights_url(str(value)) is None and not (Path(str(value)).is_dir() and find_format(str(value))):
         # A URL or a release name (yolov5s.pt) is downloaded when loaded; an exported model folder is a folder.
         _check_file(value, "weights", "pass a yolo5l weights.pt / last.ckpt, an ultralytics yolov5*.pt or a URL")
@@ -334,7 +360,7 @@ def check_train_config(cfg: DictConfig, multirun: bool = False) -> int:
         raise UserError(f"freeze={freeze!r} must be an int N (first N layers) or a list of layer indices")
     weights = cfg.get("weights")
     if weights:
-        _check_weights(weights)
+        _check_weights(weights, "trained from")
     return world
 
 
@@ -382,7 +408,7 @@ def check_export_config(cfg: DictConfig) -> None:
     from yolo5l.deploy.options import check_formats_options, export_imgsz
 
     _missing(cfg, "weights", "pass weights=<a weights.pt, last.ckpt or yolov5*.pt>")
-    _check_weights(cfg.weights)
+    _check_weights(cfg.weights, "exported again")
     formats = parse_formats(cfg.get("format"))
     for side in dict.fromkeys(export_imgsz(cfg.get("imgsz")) or ()):
         _check_imgsz(side, "imgsz")  # rounded up to the model's stride once loaded

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from yolo5l.base.errors import EXIT_USAGE
+from yolo5l.deploy.exported import not_weights
 from yolo5l.models.weights import UnsafeCheckpointError, load_weights, save_weights
 
 
@@ -78,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if os.path.abspath(args.source) == os.path.abspath(args.output):
         print(f"error: {args.output}: output would overwrite the source; choose another path", file=sys.stderr)
+        return EXIT_USAGE
+    if problem := not_weights(args.source, "converted"):
+        print(f"error: {args.source}: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         model, info = load_weights(args.source, num_classes=args.num_classes)

@@ -31,7 +31,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from yolo5l.base.errors import UserError
-from yolo5l.v7_options import V7_OPTIONS, V7_WITHOUT
+from yolo5l.v7_options import V7_WITHOUT, v7_hint
 
 __all__ = ["ConfigLoader", "check_overrides", "closest_key", "compose_checked", "config_loader", "parse_command_line"]
 
@@ -173,7 +173,7 @@ def parse_command_line(argv: Sequence[str], config_name: str) -> tuple[Any, list
     for item in unknown:
         if item.startswith("-"):
             option = item.split("=", 1)[0]
-            instead = V7_OPTIONS.get(config_name, {}).get(option)
+            instead = v7_hint(config_name, option, _typed_value(argv, item))
             without = V7_WITHOUT.get(config_name, {}).get(option)
             more = " (docs/cli.md maps every v7.0 train.py flag)" if config_name == "train" else ""
             hint = f"write {instead}" if instead else f"see python -m yolo5l.{config_name} --help{more}"
@@ -183,6 +183,18 @@ def parse_command_line(argv: Sequence[str], config_name: str) -> tuple[Any, list
     if unknown:  # overrides on both sides of an option (`data=coco -m data.batch_size=16,32`): all of them, in order
         args = parser.parse_intermixed_args(list(argv))
     return args, [str(o) for o in args.overrides or []]
+
+
+def _typed_value(argv: Sequence[str], item: str) -> str | None:
+    """The value typed with the option `item` (`--epochs=3`, or `--epochs 3`: the next argument, unless that is an
+    option or an override), else None."""
+    if "=" in item:
+        return item.split("=", 1)[1]
+    at = list(argv).index(item) + 1 if item in argv else len(argv)
+    after = argv[at] if at < len(argv) else ""
+    if "=" in after or (after.startswith("-") and not after[1:].replace(".", "", 1).isdigit()):
+        return None
+    return after or None
 
 
 def _check_no_sweep(parsed: Sequence[Any]) -> None:
@@ -257,7 +269,9 @@ def _group_problem(
             )
         options = [o for o in loader.get_group_options(group) if not o.startswith("_")]  # a --config-dir's too
         if options and option not in options and option not in ("null", ""):
-            return f"unknown {group} {option!r}: choose one of {', '.join(options)}"
+            from yolo5l.config import unknown_option
+
+            return unknown_option(group, option, options)
     return str(error).strip().splitlines()[0]
 
 
@@ -341,7 +355,7 @@ def _check_value_override(
                 raise UserError(
                     f"{shown}: {key} is not in the config, but {target} takes it: add it with +{key}={value}"
                 )
-            raise UserError(f"{shown}: {_unknown(tree, key, config_name)}")
+            raise UserError(f"{shown}: {_unknown(tree, key, config_name, value=shown.partition('=')[2] or None)}")
         if not key.startswith("hydra."):
             _check_new_key(tree, key, _value(o), shown, config_name)
     elif isinstance(current, dict) and isinstance(_value(o), str):
@@ -452,12 +466,12 @@ def closest_key(tree: dict[str, Any], key: str) -> str | None:
     return leaves[close[0]] if close else None
 
 
-def _unknown(tree: dict[str, Any], key: str, config_name: str, adding: bool = False) -> str:
+def _unknown(tree: dict[str, Any], key: str, config_name: str, adding: bool = False, value: str | None = None) -> str:
     what = f"nothing in python -m yolo5l.{config_name} reads {key}" if adding else f"unknown key {key}"
     close = closest_key(tree, key)
     if close is not None:
         return f"{what}; did you mean {close}?"
-    v7 = V7_OPTIONS.get(config_name, {}).get("--" + key.replace("_", "-"))
+    v7 = v7_hint(config_name, "--" + key.replace("_", "-"), value)
     if v7 is not None:  # ultralytics' option names as keys (include=onnx)
         return f"{what}; write {v7}"
     without = V7_WITHOUT.get(config_name, {}).get("--" + key.replace("_", "-"))

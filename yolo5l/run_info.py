@@ -448,6 +448,7 @@ def report_outputs(trainer: Any, module: Any, output_dir: Path, wall: float, swe
         {
             **{f"{k} (epoch {r['epoch']})": format_row(r) for k, r in rows.items()},
             "run folder": shown_path(output_dir),
+            "best weights": existing(ckpt_dir / "best.pt" if ckpt_dir else None),  # what val/predict/export take
             "weights": existing(ckpt_dir / "weights.pt" if ckpt_dir else None),
             "checkpoint": existing(ckpt_dir / "last.ckpt" if ckpt_dir else None),
             "logs": f"tensorboard --logdir {shown_path(output_dir)}" if tb else None,

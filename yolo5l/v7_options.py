@@ -3,7 +3,10 @@ and the like (`yolo5l.overrides`); docs/cli.md's tables say the same to a reader
 
 from __future__ import annotations
 
-__all__ = ["V7_OPTIONS", "V7_WITHOUT"]
+import re
+from pathlib import Path
+
+__all__ = ["V7_OPTIONS", "V7_WITHOUT", "v7_hint"]
 
 #: ultralytics/yolov5 v7.0 options (train.py, val.py, detect.py, export.py) and the overrides that do the same here
 #: (docs/cli.md has the whole train.py table).
@@ -63,3 +66,46 @@ V7_WITHOUT = {
         "--verbose": "TensorRT's warnings and errors are printed as warning: lines; its verbose build log is not shown",
     },
 }
+
+#: The placeholders of `V7_OPTIONS`' hints that the value typed after the option replaces (`--epochs 3`), and the
+#: options whose hint shows an example value that it replaces the same way (`--task test` -> `task=test`).
+_PLACEHOLDERS = ("N", "X", "path", "path.pt", "path/to/data.yaml")
+_EXAMPLES = ("--task", "--hyp", "--cache", "--include", "--optimizer")
+
+
+def v7_hint(config_name: str, option: str, value: str | None = None) -> str | None:
+    """What to write instead of v7.0's `option` of `python -m yolo5l.<config_name>`, with `value` (what was typed
+    after it) in place of the hint's placeholder: `--epochs 3` -> `trainer.max_epochs=3`, `--data coco128.yaml` (no
+    such file, a preset's name) -> `data=coco128`; the hint as `V7_OPTIONS` writes it without a value (or for an
+    option whose value does not carry over, `--name`); None for an option with no counterpart."""
+    hint = V7_OPTIONS.get(config_name, {}).get(option)
+    if hint is None or not value:
+        return hint
+    if option == "--device":
+        return _device(config_name, value) or hint
+    key, _, rest = hint.partition("=")
+    example, space, note = rest.partition(" ")
+    if example not in _PLACEHOLDERS and option not in _EXAMPLES:
+        return hint
+    if option == "--optimizer":
+        value = value.lower()  # v7.0's SGD, Adam, AdamW
+    if key == "data.file" and not Path(value).is_file() and "/" not in value:
+        from yolo5l.config import config_choices
+
+        if Path(value).stem in config_choices("data"):  # v7.0's own data/coco128.yaml: the preset here
+            return f"data={Path(value).stem}"
+    return f"{key}={value}{space}{note}"
+
+
+def _device(config_name: str, value: str) -> str | None:
+    """v7.0's `--device cpu` / `--device 0` / `--device 0,1` as this command's keys; None for another value."""
+    cpu = {"train": "trainer.accelerator=cpu", "val": "trainer.accelerator=cpu"}.get(config_name, "device=cpu")
+    if value == "cpu":
+        return cpu
+    if not re.fullmatch(r"\d+(,\d+)*", value):
+        return None
+    if config_name == "train":
+        return f"trainer.devices=[{value}]"
+    if config_name == "val":
+        return f"trainer.accelerator=gpu trainer.devices=[{value}]"
+    return f"device=cuda:{value}" if value.isdigit() else None

@@ -42,6 +42,7 @@ __all__ = [
     "export_format",
     "is_exported",
     "load_exported",
+    "not_weights",
     "require_extra",
 ]
 
@@ -61,6 +62,18 @@ def export_format(path: str | os.PathLike[str]) -> str | None:
 def is_exported(path: str | os.PathLike[str]) -> bool:
     """Whether `path` names an exported file or folder (by its suffix or layout) rather than weights."""
     return export_format(path) is not None
+
+
+def not_weights(path: str | os.PathLike[str], use: str) -> str | None:
+    """Why an exported file or folder cannot stand where PyTorch weights are needed (`use`: `trained from`,
+    `converted`), naming the files to give instead; None for anything else (left to the weights loaders)."""
+    fmt = export_format(path)
+    if fmt is None:
+        return None
+    return (
+        f"an exported model (format={fmt}), which cannot be {use}: give the .pt it was exported from (best.pt, "
+        "weights.pt or last.ckpt)"
+    )
 
 
 def require_extra(what: str, *modules: str, extra: str = "export") -> list[Any]:
