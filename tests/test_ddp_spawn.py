@@ -50,6 +50,9 @@ def test_a_ddp_spawn_run_trains_and_reports_as_a_ddp_run(tmp_path):
     assert "last (epoch 2): P " in out
     closing = r.stdout.split("for the closing table and plots\n", 1)[1]
     assert re.match(r"\n\s+Class\s+Images", closing), closing[:500]  # the table alone: no banner, no dataset line
+    scored = re.search(r"^\s+all\s+\d+\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", closing, flags=re.M)
+    best = re.search(r"best \(epoch [01]\): P ([\d.]+)  R ([\d.]+)  mAP@0.5 ([\d.]+)  mAP@0.5:0.95 ([\d.]+)", out)
+    assert scored.groups() == best.groups()  # the best row is what best.pt scored in the table above it
     assert out.count("Initializing distributed: GLOBAL_RANK: 1") == 1
     tables = re.findall(r"^\s+all\s+(\d+)\s+\d+\s", out, flags=re.M)
     assert tables

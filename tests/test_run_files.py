@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from yolo5l.callbacks import BatchPlotter, EMACallback, LabelPlots, LastCheckpoint, ValidationPlots, ValidationSummary
 from yolo5l.eval.label_plots import _saturation, write_label_plots
 from yolo5l.final_val import validate_best
+from yolo5l.run_info import report_outputs
 from yolo5l.tracking.loggers import RESULTS_COLUMNS, EpochCSVLogger, write_results_csv
 
 # ultralytics/yolov5 v7.0 utils/loggers/__init__.py: `keys`, after "epoch"
@@ -177,6 +178,13 @@ def test_the_closing_validation_runs_on_best_pt_when_best_is_not_last(
     assert plots.results is not last_results  # the closing table and plots are the new validation's
     assert capsys.readouterr().out.count("mAP@0.5:0.95") == 1
     assert (tmp_path / "confusion_matrix.png").is_file()
+    # The closing block's best row shows what best.pt scored there, as the table above it does, not its epoch's
+    # figures (best.pt's half-precision weights may score a rounding apart).
+    scored = {"val/precision": 0.123, "val/recall": 0.456, "val/map_50": 0.789, "val/map": 0.321, "val/fitness": 0.7}
+    report_outputs(trainer, module, tmp_path, 1.0, None, scored)
+    out = capsys.readouterr().out
+    assert "best (epoch 0): P 0.123  R 0.456  mAP@0.5 0.789  mAP@0.5:0.95 0.321" in out
+    assert "last (epoch 2): P " in out
 
 
 def test_no_closing_validation_when_the_last_validation_was_the_best(

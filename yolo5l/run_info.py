@@ -421,9 +421,13 @@ def from_scratch_line() -> str:
     )
 
 
-def report_outputs(trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None) -> None:
+def report_outputs(
+    trainer: Any, module: Any, output_dir: Path, wall: float, sweep_dir: Path | None, best_pt: dict | None = None
+) -> None:
     """The closing block of a training run: the best and last validation rows, and where its outputs are (the
-    weights leave the run also without a checkpoint callback); the sweep's summary in a multirun."""
+    weights leave the run also without a checkpoint callback); the sweep's summary in a multirun. `best_pt`: the
+    closing validation of best.pt (`validate_best`), whose figures the best row shows, as the table above it does
+    (best.pt holds the weights in half precision: its figures may differ from its epoch's by a rounding)."""
     from yolo5l.base.console import print_outputs
     from yolo5l.base.run_files import checkpoint_dir
     from yolo5l.callbacks.val_summary import ValidationSummary, format_row
@@ -443,6 +447,8 @@ def report_outputs(trainer: Any, module: Any, output_dir: Path, wall: float, swe
     tb = any(type(lg).__name__ == "TensorBoardLogger" for lg in trainer.loggers)
     summary = next((cb for cb in trainer.callbacks if isinstance(cb, ValidationSummary)), None)
     rows = {"best": summary.best, "last": summary.last} if summary is not None and summary.last else {}
+    if rows and best_pt:
+        rows["best"] = {**rows["best"], **{k: v for k, v in best_pt.items() if k in rows["best"]}}
     print_outputs(
         f"Training done in {wall:.1f} s, {epochs_done(trainer)}. Outputs:",
         {

@@ -159,9 +159,10 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
             adopt_fit_state(trainer, datamodule)  # the callbacks' state and epochs from the ranks' last.ckpt
 
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1}
-        validate_best(trainer, module, datamodule)  # the closing per-class table and plots: best.pt's, as YOLOv5's
+        best_pt = validate_best(trainer, module, datamodule)  # the closing per-class table and plots, as YOLOv5's
     if trainer.is_global_zero:
-        report_outputs(trainer, module, output_dir, wall, Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None)
+        sweep_dir = Path(hc.sweep.dir) if hc.mode == RunMode.MULTIRUN else None
+        report_outputs(trainer, module, output_dir, wall, sweep_dir, best_pt)
     return metrics | finish_run(trainer, output_dir)  # best fitness; weights and tables to MLflow / W&B (rank 0)
 
 
