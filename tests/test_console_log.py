@@ -78,7 +78,7 @@ def test_format_epoch_line():
         {"images_per_sec": 123.44, "data_wait": 0.021}, 14.24,
     )  # fmt: skip
     assert line == (
-        "epoch 3/40  box 0.05121  obj 0.02310  cls 0.01040  P 0.512  R 0.430  mAP@0.5 0.455  mAP@0.5:0.95 0.251  "
+        "epoch 3/39  box 0.05121  obj 0.02310  cls 0.01040  P 0.512  R 0.430  mAP@0.5 0.455  mAP@0.5:0.95 0.251  "
         "123.4 images/s  data wait 2%  14.2 s"
     )
     assert format_epoch_line(0, None, {}, {}, {}) == "epoch 0"
@@ -113,7 +113,7 @@ def test_with_a_bar_the_epoch_line_is_on_its_own_line_and_the_log_has_no_bar(tmp
     out = console.out + console.err
     assert "it/s" in out  # the bar was drawn
     for epoch in (0, 1):
-        at = out.index(f"epoch {epoch}/2  ")
+        at = out.index(f"epoch {epoch}/1  ")
         assert out[at - 1] in "\r\n", repr(out[at - 80 : at])  # the line starts a console line: no bar before it
     text = log.read_text()
     lines = text.splitlines()
@@ -123,7 +123,7 @@ def test_with_a_bar_the_epoch_line_is_on_its_own_line_and_the_log_has_no_bar(tmp
     at = out.index("warning: logged during an epoch")
     assert out[at - 1] in "\r\n", repr(out[at - 80 : at])
     epoch_lines = [ln for ln in lines if ln.startswith("epoch ")]
-    assert [ln.split("  ")[0] for ln in epoch_lines] == ["epoch 0/2", "epoch 1/2"]
+    assert [ln.split("  ")[0] for ln in epoch_lines] == ["epoch 0/1", "epoch 1/1"]
     assert all("images/s" in ln and "data wait" in ln for ln in epoch_lines)
     assert "it/s" not in text
     assert "\x1b" not in text

@@ -1,6 +1,6 @@
 """`EpochLine`: one console line per training epoch, the record of a run in a log file.
 
-    epoch 3/40  box 0.05121  obj 0.02310  cls 0.01040  P 0.512  R 0.430  mAP@0.5 0.455  mAP@0.5:0.95 0.251  \
+    epoch 3/39  box 0.05121  obj 0.02310  cls 0.01040  P 0.512  R 0.430  mAP@0.5 0.455  mAP@0.5:0.95 0.251  \
 123.4 images/s  data wait 2%  14.2 s
 
 The losses are the epoch's means on rank 0; P, R and the mAPs are the validation of that epoch (left out when it did
@@ -26,8 +26,9 @@ def format_epoch_line(
     epoch: int, max_epochs: int | None, losses: dict[str, float], val: dict[str, float], speed: dict[str, float],
     seconds: float | None = None,
 ) -> str:  # fmt: skip
-    """The line: `epoch E/N`, the losses, the validation's P, R, mAPs, images/s, data wait and the epoch's time."""
-    parts = [f"epoch {epoch}/{max_epochs}" if max_epochs and max_epochs > 0 else f"epoch {epoch}"]
+    """The line: `epoch E/N`, the losses, the validation's P, R, mAPs, images/s, data wait and the epoch's time. Epochs
+    count from 0 to N = max_epochs - 1, as v7.0's train.py and Lightning's progress bar show them."""
+    parts = [f"epoch {epoch}/{max_epochs - 1}" if max_epochs and max_epochs > 0 else f"epoch {epoch}"]
     parts += [f"{name} {value:.5f}" for name, value in losses.items()]
     parts += [f"{title} {val[key]:.3f}" for title, key in COLUMNS if key in val]
     if "images_per_sec" in speed:
