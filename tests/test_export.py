@@ -338,6 +338,32 @@ def test_predict_with_an_exported_file(weights, exported, images, tmp):
         assert got["box_xyxy"] == pytest.approx(want["box_xyxy"], abs=0.05)
 
 
+def test_predict_runs_a_fixed_input_file_at_its_own_size_and_batch(exported, images, tmp, capsys):
+    """imgsz= and batch_size= that a fixed [2, 3, 128, 128] ONNX file cannot take: one warning line, predict runs at
+    128 px in batches of 2 and says so, with the boxes of imgsz=128 (not 64 px letterboxed and padded into 128)."""
+    from yolo5l.predict import predict
+
+    def run(name: str, *args: str) -> tuple[list[dict], list[str]]:
+        cfg = compose_config([f"weights={exported['static']}", f"source={images[0].parent}", "conf_thres=0.001",
+                              "max_det=30", "device=cpu", "save_images=false", *args],
+                             config_name="predict", output_dir=tmp / f"predict_fixed_{name}")  # fmt: skip
+        capsys.readouterr()
+        preds = predict(cfg)
+        return preds, capsys.readouterr().out.splitlines()
+
+    want, own = run("own", f"imgsz={IMGSZ}")
+    got, lines = run("other", "imgsz=64", "batch_size=8")
+    assert not any(ln.startswith("warning:") for ln in own), own
+    assert [ln for ln in lines if ln.startswith("warning:")] == [
+        "warning: static.onnx takes 128x128 images, batch 2 (a fixed input): predicting at 128 px, 2 images at a "
+        "time; export with dynamic=true for other sizes"
+    ]
+    assert any(ln.endswith(f"detections in 3 images or frames at {IMGSZ} px") for ln in lines), lines
+    assert any(ln.startswith("Speed:") and ln.endswith(f"at shape (2, 3, {IMGSZ}, {IMGSZ})") for ln in lines), lines
+    assert want
+    assert got == want
+
+
 def test_image_size_defaults_to_the_one_the_weights_record(tmp):
     import inspect
 

@@ -3,7 +3,8 @@
 `source` is anything v7.0's detect.py takes (`yolo5l.infer.sources`): images, videos, folders, globs, URLs of images and
 videos, a webcam index, rtsp/rtmp/http streams, a `.txt` list of files or of streams, or a list of files. Files run in
 batches of `batch_size`, decoded ahead by a background thread while the model runs; streams run one frame of each per
-batch.
+batch. An exported file of one input shape (exported without dynamic=true) runs at its own size and batch, as v7.0's
+detect.py needs, with one warning line when imgsz= or batch_size= asks for another.
 Options as detect.py's: `classes`, `agnostic_nms`, `max_det`, `augment` (`yolo5l.infer.tta`), `half` (CUDA),
 `vid_stride`, `visualize` (`yolo5l.infer.feature_maps`), `save_images` (false = `--nosave`), `save_txt`,
 `save_conf`, `save_crop`, `line_thickness`, `hide_labels`, `hide_conf`; the outputs are described in
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from yolo5l._cli import guarded, run_entry_point, running
-from yolo5l.base.console import info, print_outputs
+from yolo5l.base.console import info, print_outputs, warn
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.hardware import with_command_threads
 from yolo5l.config import check_predict_config
@@ -49,11 +50,16 @@ _DEFAULT_IMGSZ = 640  # when neither the command line nor the weights say
 _PREFETCH_BATCHES = 2  # batches decoded ahead of the model
 #: A batch item: the frame, its letterboxed copy (H, W, 3) and ((ratio_h, ratio_w), (pad_w, pad_h)).
 _Item = tuple[Frame, np.ndarray, tuple[tuple[float, float], tuple[float, float]]]
+#: An image size: a square's side, or (height, width) (an exported file of one rectangular input).
+_Size = int | tuple[int, int]
 
 
-def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor], torch.Tensor], list[str], int, Any]:
-    """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at and the
-    network itself (None for an exported file)."""
+_Detector = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _load(cfg: DictConfig, device: torch.device) -> tuple[_Detector, list[str], _Size, Any]:
+    """The detector (images in [0, 1] -> decoded (B, N, 5 + nc)), class names, the image size to run at (an exported
+    file of one input shape: its own, `_fixed_input`) and the network itself (None for an exported file)."""
     from yolo5l.base.image_size import fit_to_stride
     from yolo5l.deploy.exported import is_exported, load_exported
     from yolo5l.models.weights import load_weights, resolve_weights
@@ -64,6 +70,8 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
             raise UserError(f"{'augment' if cfg.augment else 'visualize'}=true needs .pt weights: {cfg.weights} runs "
                             "its own exported graph")  # fmt: skip
         detector, names, file_imgsz, stride = load_exported(str(cfg.weights), device)
+        if detector.size is not None:  # one input size: the file's own, whatever imgsz says
+            return detector, [str(n) for n in (cfg.names or names)], _fixed_input(cfg, detector), net
     else:
         try:
             model, loaded = load_weights(resolve_weights(str(cfg.weights)))
@@ -85,6 +93,32 @@ def _load(cfg: DictConfig, device: torch.device) -> tuple[Callable[[torch.Tensor
 
     imgsz = int(cfg.imgsz) if cfg.get("imgsz") is not None else int(file_imgsz or _DEFAULT_IMGSZ)
     return detector, [str(n) for n in (cfg.names or names)], fit_to_stride(imgsz, stride, "imgsz"), net
+
+
+def _fixed_input(cfg: DictConfig, model: Any) -> _Size:
+    """The size an exported file of one input shape (`model.size`, and maybe `model.batch`) runs at: its own (h, w),
+    a side for a square, as v7.0's detect.py needs the file's imgsz. One warning line when the typed imgsz or
+    batch_size is another, naming the file's shape and what predict uses instead."""
+    from yolo5l.config import override_key
+    from yolo5l.models.model_source import command_line_overrides
+
+    (h, w), batch = model.size, model.batch
+    size: _Size = h if h == w else (h, w)
+    typed_batch = "batch_size" in {override_key(o) for o in command_line_overrides()}
+    if (cfg.get("imgsz") is not None and (int(cfg.imgsz), int(cfg.imgsz)) != (h, w)) or (
+        typed_batch and batch is not None and int(cfg.batch_size) != batch
+    ):
+        takes = f"{h}x{w} images" + (f", batch {batch}" if batch is not None else "")
+        using = f"predicting at {_shown(size)} px" + (
+            "" if batch is None else ", one image at a time" if batch == 1 else f", {batch} images at a time"
+        )
+        how = "dynamic=true" if model.format in ("onnx", "openvino", "engine") else "another imgsz= and batch="
+        warn(f"{model.path.name} takes {takes} (a fixed input): {using}; export with {how} for other sizes")
+    return size
+
+
+def _shown(size: _Size) -> str:
+    return str(size) if isinstance(size, int) else f"{size[0]}x{size[1]}"
 
 
 def _half(cfg: DictConfig, device: torch.device) -> bool:
@@ -113,14 +147,14 @@ def _classes(cfg: DictConfig, num_classes: int) -> list[int] | None:
     return classes
 
 
-def _letterboxed(frame: Frame, imgsz: int) -> _Item:
+def _letterboxed(frame: Frame, imgsz: _Size) -> _Item:
     from yolo5l.data.letterbox import letterbox
 
     boxed, ratio, pad = letterbox(frame.image, imgsz, auto=False)
     return frame, boxed, (ratio, pad)
 
 
-def _file_batches(files: Sequence[Path], batch_size: int, vid_stride: int, imgsz: int, skipped: list[str],
+def _file_batches(files: Sequence[Path], batch_size: int, vid_stride: int, imgsz: _Size, skipped: list[str],
                   workers: int) -> Iterator[list[_Item]]:  # fmt: skip
     """Batches of letterboxed frames of `files` in order; images decoded by `workers` threads, videos in order."""
 
@@ -200,6 +234,8 @@ def predict(cfg: DictConfig) -> list[dict]:
     files, streams = resolve_sources(source, out / "downloads")
     opened = StreamSet(streams, int(cfg.vid_stride)) if streams else None  # one line if one cannot be opened
     detector, names, imgsz, net = _load(cfg, device)
+    fixed_batch = getattr(detector, "batch", None)  # an exported file of one batch size runs batches of it
+    batch_size = int(fixed_batch or cfg.batch_size)
     classes = _classes(cfg, len(names))
     outputs = PredictOutputs(
         out, names, save_images=bool(cfg.save_images), save_txt=bool(cfg.save_txt), save_conf=bool(cfg.save_conf),
@@ -212,8 +248,8 @@ def predict(cfg: DictConfig) -> list[dict]:
     if opened is not None:
         batches: Iterator[list[_Item]] = ([_letterboxed(f, imgsz) for f in b] for b in opened)
     else:
-        workers = max(1, min(int(cfg.batch_size), os.cpu_count() or 1, 4))
-        batches = _prefetched(_file_batches(files, int(cfg.batch_size), int(cfg.vid_stride), imgsz, skipped, workers))
+        workers = max(1, min(batch_size, os.cpu_count() or 1, 4))
+        batches = _prefetched(_file_batches(files, batch_size, int(cfg.vid_stride), imgsz, skipped, workers))
     with running():
         stopped = False
         try:
@@ -245,12 +281,13 @@ def predict(cfg: DictConfig) -> list[dict]:
             json_path = outputs.close()
     for line in skipped:
         info(f"skipped {line}")
-    print(f"{len(outputs.results)} detections in {outputs.frames} images or frames at {imgsz} px"
+    print(f"{len(outputs.results)} detections in {outputs.frames} images or frames at {_shown(imgsz)} px"
           + (f"; {len(skipped)} source(s) skipped (cannot be decoded)" if skipped else "")
           + ("; stopped by Ctrl-C" if stopped else ""))  # fmt: skip
     if outputs.frames:
-        batch = len(streams) if streams else int(cfg.batch_size)
-        print(speed_line(times.per_image_ms(), (batch, 3, imgsz, imgsz)))
+        batch = fixed_batch or (len(streams) if streams else batch_size)
+        h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
+        print(speed_line(times.per_image_ms(), (batch, 3, h, w)))
     print_outputs(
         "Outputs:",
         {
