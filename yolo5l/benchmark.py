@@ -108,7 +108,8 @@ def _one(
             path = output_path(out / "files", weights.stem, fmt, int8=precision == "int8")
             opt = ExportOptions(imgsz=imgsz, dynamic=fmt in ("onnx", "openvino"), int8=precision == "int8",
                                 calibration=calibration if precision == "int8" else None)  # fmt: skip
-            path, _ = export_model(model, path, fmt, names=list(loaded.names), device=device, options=opt)
+            path, _ = export_model(model, path, fmt, names=list(loaded.names), device=device, options=opt,
+                                  data=loaded.data)  # fmt: skip
             net = load_exported(path, device)[0]
         row.file, row.size_mb = shown_path(path), round(_size(path), 2)
         GlobalHydra.instance().clear()  # this run's Hydra is set up; the validation composes its own config

@@ -8,7 +8,8 @@ The file holds the Conv+BN-fused model and its decode: input `images` (B, 3, H, 
 (B, N, 5 + nc) with cx, cy, w, h in input pixels, objectness and class scores, the layout of ultralytics/yolov5
 v7.0 `export.py` (`export_onnx`, `export_torchscript`: Detect in export mode), so code written for those files reads
 these. Class names, stride and image size are in the file: ONNX `metadata_props` (`names` as a JSON list, `stride`,
-`imgsz`, ...), TorchScript `config.txt` (JSON). The file is written beside the weights (`<stem>.onnx`,
+`imgsz`, ...), TorchScript `config.txt` (JSON); with `data`, the dataset yaml the weights record, which val defaults
+to. The file is written beside the weights (`<stem>.onnx`,
 `<stem>.torchscript`) unless `output=` says where, then run on the example input (onnxruntime, `torch.jit.load`)
 and compared with PyTorch in one printed line. `yolo5l.deploy.exported.load_exported` runs it again;
 `python -m yolo5l.val` and `python -m yolo5l.predict` take it as `weights=`.
@@ -114,7 +115,9 @@ def export_formats(cfg: DictConfig) -> dict[str, Path]:
         for fmt in formats:
             # export_model fuses and casts the model in place: each format starts from the loaded weights.
             source = copy.deepcopy(model) if len(formats) > 1 else model
-            path, diff = export_model(source, outputs[fmt], fmt, list(load_info.names), device, opt)
+            path, diff = export_model(
+                source, outputs[fmt], fmt, list(load_info.names), device, opt, data=load_info.data
+            )
             _report(fmt, diff, f"({opt.batch if fmt != 'ncnn' else 1}, 3, {size[0]}, {size[1]})", cfg)
             files = [f for f in path.rglob("*") if f.is_file()] if path.is_dir() else [path]
             written[fmt], sizes[fmt] = path, sum(f.stat().st_size for f in files)

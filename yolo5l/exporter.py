@@ -229,6 +229,8 @@ def export_model(
     names: list[str] | None = None,
     device: str | torch.device = "cpu",
     options: ExportOptions | None = None,
+    *,
+    data: str | os.PathLike[str] | None = None,
     **overrides: Any,
 ) -> tuple[Path, float | None]:
     """Export `model` (fused and prepared here, in place) and check the file against PyTorch.
@@ -241,6 +243,8 @@ def export_model(
         device: Where the model is traced (and where the file is checked).
         options: What to write (:class:`ExportOptions`); `overrides` replace its fields
             (`export_model(m, "m.onnx", imgsz=320, dynamic=True)`).
+        data: The dataset yaml the weights were trained on (`LoadInfo.data`), written as the metadata's `data` entry
+            (none without it) so that val of the file defaults to it as it does for the .pt.
 
     Returns:
         `(path, largest absolute difference between the file's output and PyTorch's on the example input)`; the
@@ -291,6 +295,8 @@ def export_model(
         meta["agnostic_nms"] = opt.agnostic_nms
         if fmt == "onnx":
             meta["topk_per_class"] = opt.topk_per_class or opt.max_det
+    if data:  # not a v7.0 key: its DetectMultiBackend reads stride and names and ignores the rest
+        meta["data"] = os.fspath(data)
     path = Path(path)
     _write_format(fmt, net, model, example, path, meta, opt)
     model.detect._grids.clear()  # the eager run above cached grids; leave the model as prepare_for_export did

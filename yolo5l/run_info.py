@@ -35,9 +35,9 @@ from yolo5l.base.errors import shown_path
 from yolo5l.config import override_key
 
 __all__ = [
-    "SETTLED", "cpu_oversubscription", "data_from_weights", "epochs_done", "from_scratch_line", "model_gflops",
-    "model_source_line", "print_block", "report_outputs", "settle", "settle_build", "settle_cache", "source_of",
-    "training_rows", "warn_if_crowded",
+    "SETTLED", "cpu_oversubscription", "data_chosen", "data_from_weights", "epochs_done", "from_scratch_line",
+    "model_gflops", "model_source_line", "print_block", "report_outputs", "settle", "settle_build", "settle_cache",
+    "source_of", "training_rows", "warn_if_crowded",
 ]  # fmt: skip
 
 _GLOBAL_GROUPS = ("debug", "experiment", "hparams_search")  # `# @package _global_` options: keys from the root
@@ -358,6 +358,16 @@ def print_block(title: str, rows: Mapping[str, str | None]) -> None:
 _DATA_CHOICES = ("data", "data.file", "data.synthetic")
 
 
+def data_chosen(overrides: Sequence[str] | None = None) -> bool:
+    """Whether the command line (`overrides`, default: the current Hydra run's) chose the dataset: `data=`,
+    `data.file=` or `data.synthetic...=`."""
+    if overrides is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    return any(override_key(o) in _DATA_CHOICES or override_key(o).startswith("data.synthetic.") for o in overrides)
+
+
 def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] | None = None) -> str | None:
     """`python -m yolo5l.val` without `data=` / `data.file=`: validate on the dataset yaml the weights record
     (`yolo5l.models.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
@@ -370,12 +380,7 @@ def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] |
     """
     from yolo5l.base.console import info, warn
 
-    if overrides is None:
-        from hydra.core.hydra_config import HydraConfig
-
-        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    chosen = any(override_key(o) in _DATA_CHOICES or override_key(o).startswith("data.synthetic.") for o in overrides)
-    if chosen or not recorded:
+    if data_chosen(overrides) or not recorded:
         return None
     if not os.path.isfile(recorded):
         warn(f"the weights were trained on {recorded}, which is not here: pass data= or data.file=")

@@ -19,7 +19,7 @@ from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.files import atomic_write
 from yolo5l.config import check_val_config
 from yolo5l.eval.stage_times import speed_line
-from yolo5l.run_info import data_from_weights
+from yolo5l.run_info import data_chosen, data_from_weights
 from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
 
 __all__ = ["validate_weights"]
@@ -166,6 +166,7 @@ def _validate_exported(cfg: DictConfig) -> dict[str, float]:
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     model, names, file_imgsz, stride = load_exported(str(cfg.weights), device)
     _set_imgsz(cfg, file_imgsz, stride)
+    _data_of_exported(cfg, names, model.data)
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     saved = _saved_outputs(cfg, datamodule)
     if datamodule.single_cls:
@@ -188,6 +189,32 @@ def _validate_exported(cfg: DictConfig) -> dict[str, float]:
     files = write_outputs(results, names, out, bool(cfg.get("plots", True)))
     speed = speed_line(times.per_image_ms(), _shape(cfg, datamodule))
     return _report(metrics, (results, list(names), files), saved=saved, speed=speed)
+
+
+def _data_of_exported(cfg: DictConfig, names: list[str], recorded: str | None) -> None:
+    """Without `data=` / `data.file=` on the command line: the dataset the file records (its `data` entry), as for a
+    .pt (`data_from_weights`); a file that records none (an older export, ultralytics' own) validates on the default
+    synthetic set only when its classes are that set's, with a line saying so; otherwise one error line."""
+    from yolo5l.data.coco2yolo import COCO_NAMES
+    from yolo5l.data.synthetic import NAMES
+
+    if data_chosen():
+        return
+    if recorded and not Path(recorded).is_file():
+        raise UserError(
+            f"{cfg.weights} was trained on {recorded}, which is not here: give data.file=<your data.yaml>"
+        )
+    if data_from_weights(cfg, recorded, overrides=[]):
+        return
+    if cfg.data.get("file") is None and tuple(names) == NAMES:
+        root = shown_path(Path(str(cfg.data.synthetic.root)))
+        info(f"data: the default synthetic set ({root}): {cfg.weights} does not say which dataset it was trained "
+             "on, and its classes are this set's (give data.file= to validate on another)")  # fmt: skip
+        return
+    hint = "data=coco128 or " if tuple(names) == COCO_NAMES else ""
+    raise UserError(
+        f"{cfg.weights} does not say which dataset it was trained on: give {hint}data.file=<your data.yaml>"
+    )
 
 
 def _report(

@@ -128,6 +128,7 @@ class ExportedModel:
         names: Class names.
         imgsz: The image size the file was exported at.
         stride: The largest stride (32).
+        data: The dataset yaml the weights were trained on (yolo5l's `data` entry), None when the file does not say.
         batch: The one batch size the file takes, None for any.
         size: The one (height, width) it takes, None for any (multiples of the stride).
         half: Whether it takes fp16 input.
@@ -256,6 +257,8 @@ class ExportedModel:
     def _meta(self, meta: Mapping[str, Any], no: int | None) -> None:
         self.names = _names(meta.get("names"), None if no is None else no - 5)
         self.stride = _int_or_first(meta.get("stride"), _DEFAULT_STRIDE)
+        data = meta.get("data")  # yolo5l's: the dataset yaml the weights were trained on
+        self.data = data if isinstance(data, str) and data else None
         fallback = self.size[0] if self.size else _int_or_first(meta.get("shape", [None] * 3)[2:], _DEFAULT_IMGSZ)
         imgsz = meta.get("imgsz")
         if isinstance(imgsz, str) and imgsz.startswith("["):
