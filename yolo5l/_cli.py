@@ -284,6 +284,8 @@ _NOISE = (
     "GPU available: ",  # the start-up block names the devices the run uses (yolo5l.run_info)
     "TPU available: ",
     "HPU available: ",
+    # A mid-epoch checkpoint resumes exactly: YOLODataModule's state skips the batches already trained.
+    "your dataloader is not resumable",
 )
 #: Lightning's hint to log with sync_dist=True, for the epoch-level values yolo5l logs that are the same on every
 #: rank already (the mAPs from the gathered metric states, the learning rates) or rank 0's own (throughput).
