@@ -318,6 +318,27 @@ def test_val_on_exported_files_gives_the_pt_metrics(weights, exported, dataset, 
     assert all(0 <= results["static"][key] <= 1 for key in keys)
 
 
+def test_val_runs_a_fixed_input_file_at_its_own_size(exported, dataset, tmp, capsys):
+    """data.imgsz=64 with a fixed 128x128 ONNX file: one warning line, and the metrics of data.imgsz=128 (not 64 px
+    letterboxed and padded into 128), as predict runs such a file."""
+    from yolo5l.validation import validate_weights
+
+    def run(name: str, size: int) -> tuple[dict, list[str]]:
+        overrides = [*_val_overrides(exported["static"], dataset), f"data.imgsz={size}", "plots=false"]
+        cfg = compose_config(overrides, config_name="val", output_dir=tmp / f"val_fixed_{name}")
+        capsys.readouterr()
+        return validate_weights(cfg), capsys.readouterr().out.splitlines()
+
+    want, own = run("own", IMGSZ)
+    got, lines = run("other", 64)
+    assert not any(ln.startswith("warning:") for ln in own), own
+    assert [ln for ln in lines if ln.startswith("warning:")] == [
+        f"warning: static.onnx takes {IMGSZ}x{IMGSZ} images (a fixed input): validating at {IMGSZ} px, not "
+        "data.imgsz=64; export with dynamic=true for other sizes"
+    ]
+    assert got == want
+
+
 def test_predict_with_an_exported_file(weights, exported, images, tmp):
     from yolo5l.predict import predict
 

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 import torch
+from omegaconf import open_dict
 
+from yolo5l.base.errors import UserError
 from yolo5l.config import compose_config
 from yolo5l.data.dataset_yaml import load_dataset_file
 from yolo5l.data.layout import DatasetError
@@ -135,8 +137,10 @@ def test_val_takes_the_weights_dataset_unless_the_command_line_chose(tmp_path, c
     assert cfg.data.file.endswith("coco128/data.yaml")
     assert data_from_weights(cfg, str(yaml), overrides=["data.file=x.yaml"]) is None
     assert data_from_weights(cfg, None, overrides=[]) is None
-    assert data_from_weights(cfg, str(tmp_path / "gone.yaml"), overrides=[]) is None
-    assert "gone.yaml, which is not here: pass data= or data.file=" in capsys.readouterr().out
+    with open_dict(cfg):
+        cfg.weights = "runs/train/x/checkpoints/best.pt"
+    with pytest.raises(UserError, match=r"best\.pt was trained on .*gone\.yaml, which is not here: give data\.file="):
+        data_from_weights(cfg, str(tmp_path / "gone.yaml"), overrides=[])  # not the default set, silently or not
 
 
 def test_val_command_without_data_uses_the_weights_dataset_and_size(tmp_path):

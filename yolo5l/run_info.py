@@ -31,7 +31,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from yolo5l.base.errors import shown_path
+from yolo5l.base.errors import UserError, shown_path
 from yolo5l.config import override_key
 
 __all__ = [
@@ -371,20 +371,26 @@ def data_chosen(overrides: Sequence[str] | None = None) -> bool:
 def data_from_weights(cfg: Any, recorded: str | None, overrides: Sequence[str] | None = None) -> str | None:
     """`python -m yolo5l.val` without `data=` / `data.file=`: validate on the dataset yaml the weights record
     (`yolo5l.models.weights.save_weights(data=...)`), and say so in one line. Returns the yaml taken, or None when the
-    command line chose the data, the weights record none, or the recorded file is not here (a warning line then).
+    command line chose the data or the weights record none.
 
     Args:
         cfg: the val config (`data.file` is set in place).
         recorded: the weights' dataset yaml (`LoadInfo.data`).
         overrides: the command line's overrides (default: the current Hydra run's).
+
+    Raises:
+        UserError: The recorded yaml is not here (validating on the default set instead would score the weights on
+            data they were not trained for).
     """
-    from yolo5l.base.console import info, warn
+    from yolo5l.base.console import info
 
     if data_chosen(overrides) or not recorded:
         return None
     if not os.path.isfile(recorded):
-        warn(f"the weights were trained on {recorded}, which is not here: pass data= or data.file=")
-        return None
+        raise UserError(
+            f"{cfg.weights} was trained on {recorded}, which is not here: give data.file=<your data.yaml> "
+            "(or data=coco128, ...)"
+        )
     with open_dict(cfg):
         cfg.data.file = recorded
     info(f"data.file: {shown_path(recorded)} (the dataset the weights were trained on)")

@@ -260,9 +260,9 @@ def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tens
     return detector, loaded.imgsz, False, stride
 
 
-def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None, int], None]) -> dict[str, float]:
+def run_timing_task(cfg: DictConfig, set_imgsz: Callable[..., None]) -> dict[str, float]:
     """`task=speed` or `task=study` (see the module docstring); returns the last size's metrics (study) or {}.
-    `set_imgsz(cfg, the file's size, the model's stride)` settles `data.imgsz`."""
+    `set_imgsz(cfg, the file's size, the model's stride, the exported file or None)` settles `data.imgsz`."""
     from hydra.core.hydra_config import HydraConfig
 
     from yolo5l._cli import running
@@ -272,7 +272,7 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[[DictConfig, int | None
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     detector, file_imgsz, exported, stride = load_detector(cfg, device)
-    set_imgsz(cfg, file_imgsz, stride)
+    set_imgsz(cfg, file_imgsz, stride, detector if exported else None)
     autocast = None if exported else _autocast(cfg)
     out = Path(HydraConfig.get().runtime.output_dir)
     m = cfg.module

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
 from yolo5l._cli import running
-from yolo5l.base.console import info, print_outputs
+from yolo5l.base.console import info, print_outputs, warn
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.files import atomic_write
 from yolo5l.config import check_val_config
@@ -139,12 +139,19 @@ def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
     )
 
 
-def _set_imgsz(cfg: DictConfig, imgsz: int | None, stride: int) -> None:
+def _set_imgsz(cfg: DictConfig, imgsz: int | None, stride: int, exported: Any = None) -> None:
     """`data.imgsz=null`: validate at the size the weights were trained at, or YOLOv5's 640 when they do not say; a
-    size typed that is not a multiple of the model's largest `stride` is rounded up to one, with a warning (v7.0)."""
+    size typed that is not a multiple of the model's largest `stride` is rounded up to one, with a warning (v7.0).
+    An `exported` file of one input shape validates at its own size, with a warning when another was typed (as
+    predict runs it; v7.0's val.py fails on another size)."""
     from yolo5l.base.image_size import fit_to_stride
 
     typed = cfg.data.get("imgsz")
+    if typed is not None and imgsz and getattr(exported, "size", None) is not None and int(typed) != imgsz:
+        (h, w), how = exported.size, "dynamic=true" if exported.format in ("onnx", "openvino", "engine") else "imgsz="
+        warn(f"{exported.path.name} takes {h}x{w} images (a fixed input): validating at {imgsz} px, not "
+             f"data.imgsz={typed}; export with {how} for other sizes")  # fmt: skip
+        typed = imgsz
     with open_dict(cfg):
         cfg.data.imgsz = fit_to_stride(int(typed if typed is not None else imgsz or _DEFAULT_IMGSZ), stride)
     if typed is None:
@@ -165,7 +172,7 @@ def _validate_exported(cfg: DictConfig) -> dict[str, float]:
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
     model, names, file_imgsz, stride = load_exported(str(cfg.weights), device)
-    _set_imgsz(cfg, file_imgsz, stride)
+    _set_imgsz(cfg, file_imgsz, stride, model)
     _data_of_exported(cfg, names, model.data)
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     saved = _saved_outputs(cfg, datamodule)
@@ -200,10 +207,6 @@ def _data_of_exported(cfg: DictConfig, names: list[str], recorded: str | None) -
 
     if data_chosen():
         return
-    if recorded and not Path(recorded).is_file():
-        raise UserError(
-            f"{cfg.weights} was trained on {recorded}, which is not here: give data.file=<your data.yaml>"
-        )
     if data_from_weights(cfg, recorded, overrides=[]):
         return
     if cfg.data.get("file") is None and tuple(names) == NAMES:
