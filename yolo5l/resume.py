@@ -156,7 +156,8 @@ def find_resume_checkpoint(resume: Any, runs_root: Path, exclude: Path | None = 
             )
         raise UserError(f"resume=true found no */checkpoints/last.ckpt under {runs_root}: pass resume=<path>")
     passed = [f"{shown_path(p.parent.parent)} (being trained now, {h})" for p, h in live]
-    newer = [d.parent for d in Path(runs_root).glob("*/.hydra") if d.stat().st_mtime > path.stat().st_mtime]
+    written = path.stat().st_mtime
+    newer = [d.parent for d in Path(runs_root).glob("*/.hydra") if d.stat().st_mtime > written]
     passed += [
         f"{shown_path(run)} (no checkpoint: it stopped before its first epoch ended)"
         for run in sorted(newer)
