@@ -403,3 +403,25 @@ def test_half_on_cuda_gives_the_float32_detections(env):
     for name in {p["image"] for p in full}:  # near-equal scores may swap places in float16: compare sorted
         scores = [sorted(p["score"] for p in preds if p["image"] == name) for preds in (full, half)]
         assert scores[1] == pytest.approx(scores[0], abs=0.02)
+
+
+def test_a_truncated_jpeg_is_predicted_on_with_a_warning(env, capsys):
+    """A JPEG cut in half decodes (its lower rows grey, as v7.0's detect.py reads it) and is predicted on, with one
+    warning line naming it; bytes after a whole image are no warning."""
+    from yolo5l.infer.sources import file_frames
+
+    folder = env["tmp"] / "damaged"
+    folder.mkdir()
+    whole = (env["src"] / "im1.jpg").read_bytes()
+    (folder / "half.jpg").write_bytes(whole[: len(whole) // 2])
+    (folder / "trailing.jpg").write_bytes(whole + b"\0" * 16)
+    capsys.readouterr()
+    skipped: list[str] = []
+    half = list(file_frames(folder / "half.jpg", 1, skipped))
+    trailing = list(file_frames(folder / "trailing.jpg", 1, skipped))
+    assert len(half) == len(trailing) == 1 and not skipped
+    assert half[0].image.shape == trailing[0].image.shape
+    assert capsys.readouterr().out.splitlines() == [
+        f"warning: {folder / 'half.jpg'}: truncated JPEG (no end marker and the data ends early): predicted on what "
+        "decodes, the rest of the image grey"
+    ]

@@ -40,7 +40,10 @@ try:
 except ImportError:  # the reduced decode then goes through OpenCV
     simplejpeg = None
 
-__all__ = ["DCT_SCALES", "ImageReadError", "dct_scale", "exif_hw", "read_image", "read_image_reduced"]
+__all__ = [
+    "DCT_SCALES", "JPEG_TRUNCATED", "ImageReadError", "dct_scale", "exif_hw", "jpeg_end_damage", "read_image",
+    "read_image_reduced",
+]  # fmt: skip
 
 DCT_SCALES = (8, 4, 2)  # the libjpeg scale denominators that OpenCV's IMREAD_REDUCED_COLOR_* modes reach
 _REDUCED_FLAGS = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
@@ -75,6 +78,27 @@ _ORIENT: dict[int, Callable[[np.ndarray], np.ndarray]] = {
 
 class ImageReadError(DatasetError):
     """An image file that cannot be decoded."""
+
+
+_JPEG_END = b"\xff\xd9"  # the end-of-image marker
+JPEG_TRUNCATED = "truncated JPEG (no end marker and the data ends early)"
+
+
+def jpeg_end_damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with the end of the JPEG file ``path``: None when it ends with its end-of-image marker, else
+    :data:`JPEG_TRUNCATED` when PIL cannot decode it in full (OpenCV decodes such a file, the rows it misses grey) or
+    a note that it decodes in full (bytes after the image). Reads 2 bytes, and the whole image only when they are
+    not the marker."""
+    with open(path, "rb") as f:
+        f.seek(max(os.fstat(f.fileno()).st_size - len(_JPEG_END), 0))
+        if f.read() == _JPEG_END:
+            return None
+    try:
+        with Image.open(path) as im:
+            im.load()
+    except Exception:  # PIL raises OSError, SyntaxError or ValueError for a damaged stream
+        return JPEG_TRUNCATED
+    return "JPEG without end marker, decodes in full"
 
 
 def _read_bytes(path: str) -> bytes:

@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from yolo5l.data.box_format import xyxy_to_xywhn
-from yolo5l.data.images import exif_hw
+from yolo5l.data.images import JPEG_TRUNCATED, exif_hw, jpeg_end_damage
 from yolo5l.data.layout import IMG_FORMATS, PIL_FORMATS, img2label_path
 
 __all__ = [
@@ -63,7 +63,6 @@ MIN_POLYGON_VALUES = 1 + 2 * 3  # class and at least 3 points x y
 # Kinds returned by verify_image_label.
 OK, MISSING, EMPTY, CORRUPT = "ok", "missing", "empty", "corrupt"
 
-_JPEG_END = b"\xff\xd9"  # the end-of-image marker
 _RGB_MODES = ("RGB", "YCbCr", "CMYK")  # PIL modes OpenCV decodes to 8-bit colour without a conversion
 _SAVE_CONF_COLS = LABEL_COLS + 1  # a detect.py --save-conf output row: a label row plus a score
 
@@ -166,17 +165,11 @@ def _check_image(im_file: str) -> tuple[tuple[int, int], bool, list[str]]:
     if fmt not in PIL_FORMATS:
         raise _Corrupt(f"unsupported image format {fmt} (file named .{suffix})")
     _too_small(h, w)
-    if fmt in ("JPEG", "MPO"):
-        with open(im_file, "rb") as f:
-            f.seek(-len(_JPEG_END), os.SEEK_END)
-            if f.read() != _JPEG_END:
-                # No end marker: truncated, or extra bytes after the image. Keep it only if it decodes in full.
-                try:
-                    with Image.open(im_file) as im:
-                        im.load()
-                except Exception:
-                    raise _Corrupt("truncated JPEG (no end marker and the data ends early)") from None
-                warnings.append("JPEG without end marker, decodes in full: kept")
+    damage = jpeg_end_damage(im_file) if fmt in ("JPEG", "MPO") else None
+    if damage == JPEG_TRUNCATED:
+        raise _Corrupt(damage)
+    if damage:  # extra bytes after the image: kept, as it decodes in full
+        warnings.append(f"{damage}: kept")
     return (h, w), mode not in _RGB_MODES, warnings
 
 

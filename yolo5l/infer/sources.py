@@ -36,6 +36,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from yolo5l.base.console import warn
 from yolo5l.base.errors import UserError
 from yolo5l.data.layout import IMG_FORMATS
 
@@ -45,6 +46,7 @@ __all__ = [
 ]  # fmt: skip
 
 IMAGE_SUFFIXES = {f".{s}" for s in IMG_FORMATS}
+_JPEG_SUFFIXES = (".jpg", ".jpeg", ".mpo")
 VIDEO_SUFFIXES = {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv", ".webm"}
 STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://")
 _OPEN_TIMEOUT_MS = 10_000  # how long opening a network stream may take
@@ -215,14 +217,20 @@ def is_video(path: Path) -> bool:
 
 def file_frames(path: Path, vid_stride: int, skipped: list[str]) -> Iterator[Frame]:
     """The frames of one image or video file (every `vid_stride`-th frame of a video: frames s-1, 2s-1, ...); what
-    cannot be decoded is described in `skipped`."""
-    from yolo5l.data.images import ImageReadError, read_image
+    cannot be decoded is described in `skipped`. A truncated JPEG is predicted on (the rows it lacks decode grey, as
+    in v7.0's detect.py), with a warning line: training's label scan skips such an image."""
+    from yolo5l.data.images import JPEG_TRUNCATED, ImageReadError, jpeg_end_damage, read_image
 
     if not is_video(path):
         try:
-            yield Frame(str(path), None, read_image(path))
+            image = read_image(path)
+            truncated = path.suffix.lower() in _JPEG_SUFFIXES and jpeg_end_damage(path) == JPEG_TRUNCATED
         except (ImageReadError, OSError, ValueError) as e:
             skipped.append(str(e).splitlines()[0])
+            return
+        if truncated:
+            warn(f"{path}: {JPEG_TRUNCATED}: predicted on what decodes, the rest of the image grey")
+        yield Frame(str(path), None, image)
         return
     cap = cv2.VideoCapture(str(path))
     fps = cap.get(cv2.CAP_PROP_FPS) or 30.0
