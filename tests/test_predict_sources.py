@@ -419,7 +419,8 @@ def test_a_truncated_jpeg_is_predicted_on_with_a_warning(env, capsys):
     skipped: list[str] = []
     half = list(file_frames(folder / "half.jpg", 1, skipped))
     trailing = list(file_frames(folder / "trailing.jpg", 1, skipped))
-    assert len(half) == len(trailing) == 1 and not skipped
+    assert len(half) == len(trailing) == 1
+    assert not skipped
     assert half[0].image.shape == trailing[0].image.shape
     assert capsys.readouterr().out.splitlines() == [
         f"warning: {folder / 'half.jpg'}: truncated JPEG (no end marker and the data ends early): predicted on what "
