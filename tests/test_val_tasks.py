@@ -184,6 +184,33 @@ def test_study_rows_equal_val_at_each_size(setup, augment, sizes):
     assert row[6] > 0
 
 
+@pytest.mark.parametrize("task", ["speed", "study"])
+def test_speed_and_study_take_the_weights_dataset_and_study_checks_the_classes(setup, capsys, task):
+    """As task=val: without data= the dataset the weights record (not the default synthetic set, generated for
+    nothing); a study, which scores the model, refuses a model of other classes."""
+    from yolo5l.models.weights import save_weights
+    from yolo5l.models.yolo import YOLOv5
+
+    torch.manual_seed(0)
+    own = save_weights(YOLOv5(num_classes=4, depth=0.33, width=0.125), setup["tmp"] / f"own_{task}.pt", imgsz=64,
+                       data=str(setup["with_test"]))  # fmt: skip
+    run = setup["tmp"] / f"own_data_{task}"
+    sizes = ["study_sizes=[64]"] if task == "study" else []
+    capsys.readouterr()
+    validate_weights(compose_config([f"weights={own}", *COMMON, f"task={task}", *sizes], "val", run))
+    out = capsys.readouterr().out
+    assert "/with_test.yaml (the dataset the weights were trained on)" in out
+    assert "val: 4 images" in out  # with_test's val split, not the default set's
+    one_class = save_weights(YOLOv5(num_classes=1, depth=0.33, width=0.125), setup["tmp"] / f"one_{task}.pt")
+    cfg = compose_config([f"weights={one_class}", f"data.file={setup['with_test']}", *COMMON, f"task={task}", *sizes],
+                         "val", setup["tmp"] / f"one_class_{task}")  # fmt: skip
+    if task == "speed":  # times only: any images do
+        validate_weights(cfg)
+        return
+    with pytest.raises(UserError, match=r"one_study\.pt predicts 1 classes but the dataset has 4: pass the data="):
+        validate_weights(cfg)
+
+
 def test_study_and_speed_of_a_p6_model_use_its_stride(setup):
     """A P6 model's rectangular batches and study sizes are multiples of 64, its largest stride."""
     from yolo5l.models.weights import save_weights

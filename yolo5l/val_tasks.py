@@ -21,6 +21,7 @@ import csv
 import io
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,8 @@ from yolo5l.base.image_size import check_image_size
 from yolo5l.eval.stage_times import StageTimes, speed_line
 
 __all__ = [
-    "SPEED_CONF", "SPEED_IOU", "TASKS", "check_val_options", "load_detector", "plot_study", "run_timing_task",
-    "split_of", "validate_exported", "validation_loop", "write_speed", "write_study",
+    "SPEED_CONF", "SPEED_IOU", "TASKS", "Detector", "check_val_options", "load_detector", "plot_study",
+    "run_timing_task", "split_of", "validate_exported", "validation_loop", "write_speed", "write_study",
 ]  # fmt: skip
 
 #: v7.0's thresholds for `--task speed`.
@@ -231,16 +232,36 @@ def _autocast(cfg: DictConfig) -> torch.dtype | None:
     return {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
 
 
-def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tensor], Tensor], int | None, bool, int]:
+@dataclass
+class Detector:
+    """What `load_detector` loads from `weights=`.
+
+    Attributes:
+        run: images -> decoded boxes (B, N, 5 + nc).
+        imgsz: The image size the file records (None when it records none).
+        stride: The model's largest stride (64 for P6): rectangular batches and image sizes are multiples of it.
+        names: The model's class names.
+        data: The dataset yaml the weights record (None when they record none).
+        exported: The `ExportedModel` of an exported file, None for .pt weights.
+    """
+
+    run: Callable[[Tensor], Tensor]
+    imgsz: int | None
+    stride: int
+    names: list[str]
+    data: str | None
+    exported: Any = None
+
+
+def load_detector(cfg: DictConfig, device: torch.device) -> Detector:
     """The detector of `cfg.weights` on `device`: a fused eval copy of .pt weights (with `TTADetector` when
-    `augment`), or an exported file. Returns (detector, the image size the file records, whether it is exported,
-    the model's largest stride: 64 for P6, which rectangular batches and image sizes must be multiples of)."""
+    `augment`), or an exported file."""
     from yolo5l.deploy.exported import is_exported, load_exported
     from yolo5l.models.weights import load_weights, resolve_weights
 
     if is_exported(str(cfg.weights)):
-        model, _, imgsz, stride = load_exported(str(cfg.weights), device)
-        return model, imgsz, True, int(stride)
+        model, names, imgsz, stride = load_exported(str(cfg.weights), device)
+        return Detector(model, imgsz, int(stride), list(names), model.data, model)
     try:
         net, loaded = load_weights(resolve_weights(str(cfg.weights)), num_classes=None)
     except ValueError as e:
@@ -252,17 +273,17 @@ def load_detector(cfg: DictConfig, device: torch.device) -> tuple[Callable[[Tens
     if cfg.augment:
         from yolo5l.infer.tta import TTADetector
 
-        return TTADetector(net), loaded.imgsz, False, stride
+        return Detector(TTADetector(net), loaded.imgsz, stride, list(loaded.names), loaded.data)
 
     def detector(images: Tensor) -> Tensor:
         return net.decode(net(images))
 
-    return detector, loaded.imgsz, False, stride
+    return Detector(detector, loaded.imgsz, stride, list(loaded.names), loaded.data)
 
 
-def run_timing_task(cfg: DictConfig, set_imgsz: Callable[..., None]) -> dict[str, float]:
+def run_timing_task(cfg: DictConfig, settle: Callable[[DictConfig, Detector], None]) -> dict[str, float]:
     """`task=speed` or `task=study` (see the module docstring); returns the last size's metrics (study) or {}.
-    `set_imgsz(cfg, the file's size, the model's stride, the exported file or None)` settles `data.imgsz`."""
+    `settle(cfg, detector)` settles `data.imgsz` and the dataset, as for `task=val`, and checks the classes."""
     from hydra.core.hydra_config import HydraConfig
 
     from yolo5l._cli import running
@@ -271,9 +292,10 @@ def run_timing_task(cfg: DictConfig, set_imgsz: Callable[..., None]) -> dict[str
     from yolo5l.base.hardware import uses_cuda
 
     device = torch.device("cuda" if uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else "cpu")
-    detector, file_imgsz, exported, stride = load_detector(cfg, device)
-    set_imgsz(cfg, file_imgsz, stride, detector if exported else None)
-    autocast = None if exported else _autocast(cfg)
+    loaded = load_detector(cfg, device)
+    settle(cfg, loaded)
+    detector, stride = loaded.run, loaded.stride
+    autocast = None if loaded.exported is not None else _autocast(cfg)
     out = Path(HydraConfig.get().runtime.output_dir)
     m = cfg.module
     if str(cfg.task) == "speed":

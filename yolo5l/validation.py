@@ -20,7 +20,7 @@ from yolo5l.base.files import atomic_write
 from yolo5l.config import check_val_config
 from yolo5l.eval.stage_times import speed_line
 from yolo5l.run_info import data_chosen, data_from_weights
-from yolo5l.val_tasks import check_val_options, run_timing_task, split_of
+from yolo5l.val_tasks import Detector, check_val_options, run_timing_task, split_of
 
 __all__ = ["validate_weights"]
 
@@ -68,7 +68,7 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
     from yolo5l.models.weights import load_weights, resolve_weights
 
     if str(cfg.task) in ("speed", "study"):
-        return run_timing_task(cfg, _set_imgsz)
+        return run_timing_task(cfg, _settle_timing)
     if is_exported(str(cfg.weights)):  # an ONNX / TorchScript file: no LightningModule, a plain loop
         return _validate_exported(cfg)
     try:
@@ -79,11 +79,7 @@ def _validate(cfg: DictConfig) -> dict[str, float]:
     data_from_weights(cfg, loaded.data)  # without data= on the command line: the weights' own dataset
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     datamodule.stride = model_stride(model)  # rectangular batches: multiples of it (_set_imgsz fitted the size)
-    if model.num_classes != datamodule.num_classes and not datamodule.single_cls:  # single_cls: any model, as v7.0
-        raise UserError(
-            f"{cfg.weights} predicts {model.num_classes} classes but the dataset has {datamodule.num_classes}: "
-            "pass the data= or data.file= the weights were trained on"
-        )
+    _check_classes(cfg, model.num_classes, datamodule)
     import torch
 
     from yolo5l.callbacks.progress_bar import with_console_progress
@@ -139,6 +135,28 @@ def _saved_outputs(cfg: DictConfig, datamodule: Any) -> SavedOutputs:
     )
 
 
+def _check_classes(cfg: DictConfig, num_classes: int, datamodule: Any) -> None:
+    """Refuse weights whose class count is not the dataset's (`data.single_cls=true` takes any model, as v7.0)."""
+    if num_classes != datamodule.num_classes and not datamodule.single_cls:
+        raise UserError(
+            f"{cfg.weights} predicts {num_classes} classes but the dataset has {datamodule.num_classes}: "
+            "pass the data= or data.file= the weights were trained on"
+        )
+
+
+def _settle_timing(cfg: DictConfig, detector: Detector) -> None:
+    """`task=speed|study`: the image size and the dataset as `task=val` settles them (the weights' own, unless the
+    command line chose), and for `study`, which scores the model, its checks of the dataset and the classes; `speed`
+    only times it, on the default set when the weights name none."""
+    _set_imgsz(cfg, detector.imgsz, detector.stride, detector.exported)
+    if str(cfg.task) == "speed" or detector.exported is None:
+        data_from_weights(cfg, detector.data)
+    else:
+        _data_of_exported(cfg, detector.names, detector.data)
+    if str(cfg.task) == "study":
+        _check_classes(cfg, len(detector.names), instantiate(cfg.data, val_split=split_of(cfg), _convert_="all"))
+
+
 def _set_imgsz(cfg: DictConfig, imgsz: int | None, stride: int, exported: Any = None) -> None:
     """`data.imgsz=null`: validate at the size the weights were trained at, or YOLOv5's 640 when they do not say; a
     size typed that is not a multiple of the model's largest `stride` is rounded up to one, with a warning (v7.0).
@@ -176,13 +194,9 @@ def _validate_exported(cfg: DictConfig) -> dict[str, float]:
     _data_of_exported(cfg, names, model.data)
     datamodule = instantiate(cfg.data, val_split=split_of(cfg), _convert_="all")
     saved = _saved_outputs(cfg, datamodule)
+    _check_classes(cfg, len(names), datamodule)
     if datamodule.single_cls:
         names = datamodule.names
-    elif len(names) != datamodule.num_classes:
-        raise UserError(
-            f"{cfg.weights} predicts {len(names)} classes but the dataset has {datamodule.num_classes}: "
-            "pass the data= or data.file= the weights were trained on"
-        )
     metric = instantiate(cfg.module.metric, _convert_="all")
     if cfg.get("plots", True):
         metric.set_num_classes(len(names))
