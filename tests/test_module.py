@@ -168,3 +168,20 @@ def test_collate_contract_shapes(tiny_data, tiny_collate):
     assert targets.shape == (2, 6)
     assert targets[:, 0].tolist() == [0.0, 1.0]
     assert len(paths) == len(shapes) == 2
+
+
+def test_predict_step_takes_the_datamodules_uint8_batches(tiny_module):
+    """`trainer.predict(module, dataloaders=datamodule.val_dataloader())` hands predict_step the loader's uint8
+    batches (the datamodule's on_after_batch_transfer, which converts them, runs only for a trainer given the
+    datamodule): the same detections as the [0, 1] floats."""
+    module = tiny_module().eval()
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    shapes = [((48, 64), ((1.0, 1.0), (0.0, 8.0)))] * 2
+    with torch.no_grad():
+        got = module.predict_step((images, torch.zeros(0, 6), ["a.jpg", "b.jpg"], shapes), 0)
+        want = module.predict_step((images.float() / 255, torch.zeros(0, 6), ["a.jpg", "b.jpg"], shapes), 0)
+        plain = module.predict_step(images.float() / 255, 0)
+    assert len(got) == 2
+    for g, w, p in zip(got, want, plain, strict=True):
+        torch.testing.assert_close(g, w)
+        assert g.shape[1] == p.shape[1] == 6

@@ -492,9 +492,9 @@ class YOLOv5Module(pl.LightningModule):
             raise diverged(self.trainer, self._lr0(), f"the validation {what} NaN or inf")
 
     def predict_step(self, batch: Any, batch_idx: int) -> list[Tensor]:
-        """Detections (n, 6) [x1, y1, x2, y2, score, class] per image, in original-image pixels when shapes exist."""
-        if isinstance(batch, Tensor):
-            images, shapes = batch, None
-        else:  # (images, targets, paths, shapes) like the validation batches
-            images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
+        """Detections (n, 6) [x1, y1, x2, y2, score, class] per image, in original-image pixels when shapes exist, of
+        images or (images, targets, paths, shapes) batches: uint8 (a YOLODataModule loader as `dataloaders=`) or 0-1."""
+        batch = (batch,) if isinstance(batch, Tensor) else batch
+        images, shapes = batch[0], (batch[3] if len(batch) > 3 else None)
+        images = images if images.is_floating_point() else images.float().div_(255)
         return to_original(self._detect(self.model(images), images), images.shape[2:], shapes)
