@@ -570,6 +570,31 @@ def test_datamodule_device_cache_and_its_fallback(synthetic, monkeypatch):
     assert host.resolve_input(torch.device("cpu"))[1] == "ram"
 
 
+def test_the_start_up_says_why_a_device_cache_or_pipeline_does_not_fit_the_device(synthetic, capsys):
+    """data.cache=device without CUDA says there is no GPU (not "needs data.pipeline=device", which on the CPU is the
+    slower path); with CUDA and the host pipeline it names the pipeline; data.pipeline=device typed on the CPU is a
+    warning; auto on the CPU says nothing."""
+    from yolo5l.data.plan import input_notes
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert input_notes("device", "host", "ram", cpu) == [
+        ("cache", "train: data.cache=device keeps images in GPU memory, and this run trains on cpu (no CUDA): caching "
+                  "in RAM instead")
+    ]  # fmt: skip
+    assert input_notes("device", "host", "ram", cuda) == [
+        ("cache", "train: data.cache=device needs data.pipeline=device: caching in RAM instead")
+    ]
+    assert input_notes("none", "device", "none", cuda) == []
+    assert input_notes("none", "host", "none", cpu) == []
+    [(key, line)] = input_notes("none", "device", "none", cpu)
+    assert key == "pipeline"
+    assert line.startswith("warning: data.pipeline=device on cpu: the GPU input path's ops run there, slower than the")
+    dm = YOLODataModule(synthetic=synthetic, imgsz=128, batch_size=8, num_workers=0, pipeline="device")
+    capsys.readouterr()
+    dm.setup("fit")
+    assert "warning: data.pipeline=device on cpu" in capsys.readouterr().out
+
+
 def test_host_collate_is_unchanged(index):
     """The host pipeline's items still collate as before (the device path adds a collate, it changes none)."""
     ds = make_ds(index)

@@ -95,7 +95,9 @@ def test_start_up_block_says_which_input_path_and_cache(tmp_path):
     datamodule, module, trainer = build(cfg)
     rows = training_rows(cfg, datamodule, module, trainer, *_hydra())
     assert rows["pipeline"] == "host: images decoded and augmented by 2 workers   [auto: not CUDA]"
-    assert rows["cache"] == "ram   [fallback: data.cache=device needs data.pipeline=device]"
+    assert rows["cache"] == (
+        "ram   [fallback: data.cache=device keeps images in GPU memory, and this run trains on cpu (no CUDA)]"
+    )
 
 
 def test_more_cpu_processes_than_cores_is_a_warning():

@@ -245,6 +245,7 @@ def settle_build(
         choices: Hydra's group choices (`model: yolov5n`).
     """
     from yolo5l.base.hardware import resolve_precision
+    from yolo5l.data.plan import cache_fallback
 
     choices, overrides = choices or {}, _typed_now(cfg, overrides)
     sources = {key: _source(cfg, key, overrides, choices) for key in SETTLED}  # before any value is written
@@ -255,7 +256,7 @@ def settle_build(
         sources["trainer.precision"] = f"fallback: the AMP check failed for {asked} on this GPU"
     _, cache, _ = datamodule.resolve_input(trainer.strategy.root_device)
     if cache != str(cfg.data.cache):
-        sources["data.cache"] = f"fallback: data.cache={cfg.data.cache} needs data.pipeline=device"
+        sources["data.cache"] = f"fallback: {cache_fallback(trainer.strategy.root_device)}"
     values = {
         "model": None, "data.imgsz": int(cfg.data.imgsz), "data.batch_size": int(cfg.data.batch_size),
         "data.cache": cache, "trainer.precision": precision,

@@ -40,7 +40,7 @@ from yolo5l.data.dataset_yaml import ALL_SPLITS, DatasetSpec, load_dataset_file
 from yolo5l.data.device_input import DeviceCache, DeviceInput, DeviceInputLoader, plan_on_device
 from yolo5l.data.image_weights import ImageWeights
 from yolo5l.data.label_scan import scan_labels
-from yolo5l.data.plan import PIPELINES, collate_plans
+from yolo5l.data.plan import PIPELINES, choose_input, collate_plans, input_notes
 from yolo5l.data.samplers import ShardSampler, ValShardSampler, rect_shard
 from yolo5l.data.synthetic import ensure_synthetic
 
@@ -297,20 +297,15 @@ class YOLODataModule(LightningDataModule):
 
     def resolve_input(self, device: torch.device) -> tuple[str, str, str]:
         """``(pipeline, cache, why)``: the training pipeline and cache a run on ``device`` uses, and why the pipeline
-        is what it is ("" when set as typed). The device cache may still fall back when it does not fit."""
-        if self.rect and self.pipeline != "host":
-            pipeline, why = "host", "rect: the host makes rectangular batches"
-        elif self.pipeline == "auto":
-            pipeline, why = ("device", "auto: CUDA") if device.type == "cuda" else ("host", "auto: not CUDA")
-        else:
-            pipeline, why = self.pipeline, ""
-        cache = "ram" if self.cache == "device" and pipeline == "host" else self.cache
-        return pipeline, cache, why
+        is what it is ("" when set as typed; `choose_input`). The device cache may still fall back when it does not
+        fit."""
+        return choose_input(self.pipeline, self.cache, self.rect, device)
 
     def _resolve_input(self) -> None:
-        self.input_pipeline, self.cache_used, self.input_reason = self.resolve_input(self.train_device())
-        if self.cache == "device" != self.cache_used:
-            self._print("cache", "train: data.cache=device needs data.pipeline=device; caching in RAM instead")
+        device = self.train_device()
+        self.input_pipeline, self.cache_used, self.input_reason = self.resolve_input(device)
+        for key, line in input_notes(self.cache, self.input_pipeline, self.cache_used, device):
+            self._print(key, line)
 
     def _fill_train_cache(self, ds: YOLODataset) -> str:
         """Fill the training images' cache and, for the device pipeline, set what the workers send; the summary.

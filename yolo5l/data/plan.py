@@ -35,9 +35,43 @@ from yolo5l.data.jpeg_header import read_jpeg_header
 from yolo5l.data.letterbox import letterbox_layout
 from yolo5l.data.render import orient_hw
 
-__all__ = ["PIPELINES", "PlanBatch", "SamplePlan", "collate_plans", "plan_item"]
+__all__ = ["PIPELINES", "PlanBatch", "SamplePlan", "cache_fallback", "choose_input", "collate_plans", "input_notes",
+           "plan_item"]  # fmt: skip
 
 PIPELINES = ("auto", "host", "device")  # data.pipeline: where training samples' pixels are made
+
+
+def choose_input(pipeline: str, cache: str, rect: bool, device: torch.device) -> tuple[str, str, str]:
+    """``(pipeline, cache, why)``: the training pipeline and cache a run on ``device`` uses for ``data.pipeline``,
+    ``data.cache`` and ``data.rect``, and why the pipeline is what it is ("" when as typed): ``auto`` is ``device``
+    on CUDA, ``rect`` needs the host, and without the device pipeline ``data.cache=device`` caches in RAM."""
+    if rect and pipeline != "host":
+        chosen, why = "host", "rect: the host makes rectangular batches"
+    elif pipeline == "auto":
+        chosen, why = ("device", "auto: CUDA") if device.type == "cuda" else ("host", "auto: not CUDA")
+    else:
+        chosen, why = pipeline, ""
+    return chosen, "ram" if cache == "device" and chosen == "host" else cache, why
+
+
+def cache_fallback(device: torch.device) -> str:
+    """Why ``data.cache=device`` caches in RAM on ``device`` (`choose_input`)."""
+    if device.type != "cuda":
+        return f"data.cache=device keeps images in GPU memory, and this run trains on {device.type} (no CUDA)"
+    return "data.cache=device needs data.pipeline=device"
+
+
+def input_notes(cache: str, pipeline_used: str, cache_used: str, device: torch.device) -> list[tuple[str, str]]:
+    """The (key, line) notes of the start-up for what `choose_input` chose: a device cache that caches in RAM,
+    and the device pipeline on a device other than CUDA (typed: ``auto`` picks the host there)."""
+    notes = []
+    if cache == "device" != cache_used:
+        notes.append(("cache", f"train: {cache_fallback(device)}: caching in RAM instead"))
+    if pipeline_used == "device" and device.type != "cuda":
+        line = (f"warning: data.pipeline=device on {device.type}: the GPU input path's ops run there, slower than the "
+                "host path (data.pipeline=auto picks the host without CUDA)")  # fmt: skip
+        notes.append(("pipeline", line))
+    return notes
 TILE_SOURCES = ("bytes", "pixels", "cache")  # how a dataset's tiles travel (see the module docstring)
 _JPEG, _PIXELS, _CACHE = 0, 1, 2  # tile kinds in PlanBatch.tiles
 _BORDER_READ = 2  # canvas pixels read around the output's preimage (bilinear neighbours and rounding)
