@@ -101,6 +101,28 @@ def test_throughput_counts_the_training_batches_only(tmp_path):
     assert mon.last["data_wait"] == 0.0
 
 
+def test_throughput_counts_the_images_of_every_rank():
+    """Under DDP images/s is the whole job's: every rank trains an equal shard in step with the others, so this rank's
+    images x the world size over its own time, with no collective; one process's figure is unchanged."""
+    rates = {}
+    for world in (1, 2):
+        clock = FakeClock()
+        mon = ThroughputMonitor(verbose=False, clock=clock)
+        logged = {}
+        module = SimpleNamespace(device=torch.device("cpu"), log=lambda key, value, **_: logged.update({key: value}))
+        trainer = SimpleNamespace(world_size=world, current_epoch=0, num_training_batches=4, datamodule=None)
+        mon.on_train_start(trainer, module)
+        mon.on_train_epoch_start(trainer, module)
+        for i in range(4):  # 4 batches of 8 images (this rank's), 0.5 s each
+            mon.on_train_batch_start(trainer, module, (torch.zeros(8, 3, 4, 4), None), i)
+            clock.advance(0.5)
+            mon.on_train_batch_end(trainer, module, None, None, i)
+        mon.on_train_epoch_end(trainer, module)
+        assert logged["train/images_per_sec"] == mon.last["images_per_sec"]  # what metrics.csv and the sweep read
+        rates[world] = mon.last["images_per_sec"]
+    assert rates == {1: pytest.approx(32 / 2.0), 2: pytest.approx(2 * 32 / 2.0)}
+
+
 def test_the_data_wait_hint_is_given_once(tmp_path):
     clock = FakeClock()
     mon = ThroughputMonitor(warn_above=0.10, verbose=False, clock=clock)

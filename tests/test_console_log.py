@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -82,6 +83,56 @@ def test_format_epoch_line():
         "123.4 images/s  data wait 2%  14.2 s"
     )
     assert format_epoch_line(0, None, {}, {}, {}) == "epoch 0"
+
+
+class _TwoRanks:
+    """The strategy of rank 0 of two: `reduce` averages with the other rank's values, in the order it is called."""
+
+    def __init__(self, other: list[float]) -> None:
+        self.other, self.ops = list(other), []
+
+    def reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+        self.ops.append((tensor.shape, reduce_op))
+        return (tensor + self.other.pop(0)) / 2
+
+
+def _trainer(rank: int, world_size: int, strategy: object = None) -> SimpleNamespace:
+    return SimpleNamespace(
+        world_size=world_size, global_rank=rank, is_global_zero=rank == 0, strategy=strategy, current_epoch=0,
+        max_epochs=2, callbacks=[], callback_metrics={}, sanity_checking=False,
+    )  # fmt: skip
+
+
+def test_under_ddp_the_epoch_line_shows_the_losses_of_all_ranks(capsys):
+    """metrics.csv holds each loss averaged over the ranks (the module logs them with sync_dist=True): the line shows
+    those, reduced as Lightning reduces them (a scalar at a time, "mean"), not rank 0's own; every rank joins the
+    reductions, rank 0 alone prints."""
+    own = {"box": 0.12254, "obj": 0.01962, "cls": 0.04447}  # rank 0's running means
+    other = [0.119292, 0.0198364, 0.0445622]  # rank 1's: the means are 0.120916, 0.0197282, 0.0445161
+    module = SimpleNamespace(running_losses=lambda: dict(own), device=torch.device("cpu"))
+    for rank in (0, 1):
+        strategy = _TwoRanks(other)
+        trainer = _trainer(rank, 2, strategy)
+        line = EpochLine()
+        line.on_train_start(trainer, module)
+        line.on_train_epoch_start(trainer, module)
+        line.on_train_epoch_end(trainer, module)
+        assert strategy.ops == [(torch.Size([]), "mean")] * 3
+        assert line.epochs_run == 1
+        out = capsys.readouterr().out
+        if rank:
+            assert out == ""
+            continue
+        assert out.startswith("epoch 0/1  box 0.12092  obj 0.01973  cls 0.04452  "), out
+
+
+def test_on_one_process_the_epoch_line_shows_the_running_means_and_reduces_nothing(capsys):
+    module = SimpleNamespace(running_losses=lambda: {"box": 0.5, "obj": 0.25, "cls": 0.125}, device=None)
+    line = EpochLine()
+    trainer = _trainer(0, 1, strategy=None)  # no strategy to reduce with: a reduction would fail
+    line.on_train_start(trainer, module)
+    line.on_train_epoch_end(trainer, module)
+    assert capsys.readouterr().out.startswith("epoch 0/1  box 0.50000  obj 0.25000  cls 0.12500  ")
 
 
 def test_with_a_bar_the_epoch_line_is_on_its_own_line_and_the_log_has_no_bar(tmp_path, capfd):

@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from yolo5l.callbacks.sweep import read_summary
 from yolo5l.tracking.loggers import read_metrics_csv
 
 _NUM_VAL = 16
@@ -102,6 +103,19 @@ def test_a_sweep_with_ddp_spawn_runs_as_the_refusal_of_ddp_advises(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = (tmp_path / "sweep" / "summary.md").read_text()
     assert re.search(r"trainer\.strategy=ddp_spawn seed=1` \|.*\| finished \|", summary), summary
+    # The epoch line shows what metrics.csv holds: the ranks' mean losses (each rank's differ: other images) and the
+    # job's images/s, which the sweep's table has too.
+    (row,) = read_metrics_csv(tmp_path / "sweep" / "0" / "metrics.csv")
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("epoch 0/0  "))
+    shown = dict(re.findall(r"(box|obj|cls) ([\d.]+)", line))
+    assert shown == {k: f"{float(row[f'train/loss_{k}']):.5f}" for k in ("box", "obj", "cls")}, (line, row)
+    rate = float(row["train/images_per_sec"])
+    assert f"  {rate:.1f} images/s  " in line, (line, rate)
+    (job,) = read_summary(tmp_path / "sweep" / "summary.csv")
+    assert float(job["images_per_sec"]) == pytest.approx(rate, rel=1e-5)
+    # Its time is the command's `Training done in` figure: with the start of the ranks, which the ranks cannot time.
+    assert f"Training done in {float(job['wall_s']):.1f} s" in r.stdout, (job, r.stdout[-3000:])
+    assert r.stdout.count("Sweep done: 1 job, the fastest first.") == 1
 
 
 def test_the_lost_rank_watch_pickles_without_its_thread():

@@ -475,6 +475,9 @@ def report_outputs(
         },
     )
     if sweep_dir is not None:
+        from yolo5l.callbacks.sweep import record_training_time
+
+        record_training_time(trainer, wall)  # the row's time is the one printed above
         print_outputs("Sweep summary:", {"table": shown_path(sweep_dir / "summary.md")})
 
 

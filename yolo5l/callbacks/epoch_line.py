@@ -3,8 +3,9 @@
     epoch 3/39  box 0.05121  obj 0.02310  cls 0.01040  P 0.512  R 0.430  mAP@0.5 0.455  mAP@0.5:0.95 0.251  \
 123.4 images/s  data wait 2%  14.2 s
 
-The losses are the epoch's means on rank 0; P, R and the mAPs are the validation of that epoch (left out when it did
-not validate); images/s and the data-wait share are `ThroughputMonitor`'s. On a terminal the line is written above
+The losses are the epoch's means over all ranks, the figures metrics.csv, results.csv and TensorBoard hold; P, R and
+the mAPs are the validation of that epoch (left out when it did not validate); images/s (the whole job's: all ranks'
+images) and the data-wait share (global rank 0's) are `ThroughputMonitor`'s. On a terminal the line is written above
 the progress bar (tqdm's `write`), never on the bar's own line.
 """
 
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
@@ -43,6 +45,9 @@ def format_epoch_line(
 class EpochLine(Callback):
     """Print `format_epoch_line` at the end of every training epoch on global rank 0, and count the epochs this
     process trained (`epochs_run`, `first_epoch`: a resumed run starts at its checkpoint's epoch).
+
+    The losses are the module's running means (`YOLOv5Module.running_losses`), under DDP averaged over the ranks as
+    Lightning averages the `train/loss_*` the module logs (`_mean_over_ranks`): every rank takes part, rank 0 prints.
 
     List it after `ThroughputMonitor`: callbacks run in list order, and the figures are that epoch's only once the
     monitor has seen the epoch end (conf/callbacks/default.yaml keeps that order).
@@ -81,10 +86,12 @@ class EpochLine(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.epochs_run += 1
-        if not trainer.is_global_zero:
-            return
         running = getattr(pl_module, "running_losses", None)
         losses = running() if callable(running) else {}  # one host sync per epoch
+        if trainer.world_size > 1:
+            losses = _mean_over_ranks(trainer, pl_module, losses)  # collectives: before rank 0 alone goes on
+        if not trainer.is_global_zero:
+            return
         metrics = trainer.callback_metrics
         val = {key: float(metrics[key]) for _, key in COLUMNS if key in metrics} if self._validated else {}
         speed = _throughput(trainer)
@@ -92,6 +99,19 @@ class EpochLine(Callback):
             trainer.current_epoch, trainer.max_epochs, losses, val, speed, time.perf_counter() - self._t0
         )
         _write(line)
+
+
+def _mean_over_ranks(trainer: pl.Trainer, pl_module: pl.LightningModule, losses: dict[str, float]) -> dict[str, float]:
+    """Each loss averaged over the ranks as Lightning averages the module's `train/loss_*` for metrics.csv (logged with
+    `sync_dist=True`): the same float32 value of each rank, the same `strategy.reduce(..., "mean")` of one scalar, so
+    the line shows the file's figures to the last bit. Lightning's means exist only once every `on_train_epoch_end`
+    has run (the module's comes after the callbacks'), after the line; hence a reduction of its own, once an epoch,
+    which every rank joins. `float` of the result is a host sync, once an epoch."""
+    device = pl_module.device
+    return {
+        name: float(trainer.strategy.reduce(torch.tensor(value, device=device), reduce_op="mean"))
+        for name, value in losses.items()
+    }
 
 
 def _throughput(trainer: pl.Trainer) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""`ThroughputMonitor`: training images/s and the share of time spent waiting for data, once per epoch.
+"""`ThroughputMonitor`: the job's training images/s (all ranks) and the share of time spent waiting for data, once per
+epoch.
 
 Unlike Lightning's `ThroughputMonitor` (a `torch.cuda.synchronize()` every batch), this one never syncs inside the
 epoch: it reads host clocks at batch boundaries and synchronises the device only at the epoch's start and end.
@@ -27,6 +28,12 @@ def _sync(device: torch.device) -> None:
 
 class ThroughputMonitor(Callback):
     """Log `train/images_per_sec` and `train/data_wait` each epoch; warn when the input pipeline is the bottleneck.
+
+    images/s is the whole job's: the images this process trained x the world size, over this process's training time.
+    Every rank trains the same number of images an epoch (the distributed sampler gives each rank an equal shard,
+    padded by wrapping around), and the ranks step together (gradients are all-reduced each optimizer step), so this
+    counts every rank's images without a collective; one process's is that / `trainer.world_size`. The data-wait
+    share is global rank 0's.
 
     data_wait = time between the end of one training batch and the start of the next (fetch, collate, host-to-device
     copy), plus, with the device input pipeline, the time the device's training stream waited for the side stream
@@ -90,15 +97,14 @@ class ThroughputMonitor(Callback):
         device_wait = getattr(getattr(trainer, "datamodule", None), "device_wait_seconds", None)
         if callable(device_wait):  # after the sync of the epoch's last batch: the events are complete
             self._wait += device_wait()
-        ips, share = self._images / total, self._wait / total
+        world = max(1, int(trainer.world_size))
+        ips, share = self._images * world / total, self._wait / total  # every rank's images: see the docstring
         self.last = {"images_per_sec": ips, "data_wait": share, "epoch": trainer.current_epoch}
         pl_module.log("train/images_per_sec", ips, rank_zero_only=True)
         pl_module.log("train/data_wait", share, rank_zero_only=True)
         if self.verbose:
-            rank_zero_info(
-                f"epoch {trainer.current_epoch}: {ips:.1f} images/s per device, "
-                f"{share:.0%} of the time waiting for data"
-            )
+            rate = f"{ips:.1f} images/s" + (f" in all ({world} processes)" if world > 1 else " per device")
+            rank_zero_info(f"epoch {trainer.current_epoch}: {rate}, {share:.0%} of the time waiting for data")
         if share > self.warn_above and (self._warned_at is None or share > 2 * self._warned_at):
             self._warned_at = share
             advice = _advice(trainer.datamodule if hasattr(trainer, "datamodule") else None)
