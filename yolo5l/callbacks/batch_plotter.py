@@ -18,8 +18,9 @@ __all__ = ["BatchPlotter"]
 
 
 class BatchPlotter(Callback):
-    """Draw the first `num_batches` training batches with their boxes, once, on rank 0: as `train_batch{i}.jpg` in
-    `out_dir` (a fresh run only: a resumed run keeps its start's files) and to the TensorBoard, MLflow and W&B loggers.
+    """Draw the first `num_batches` training batches with their boxes, once, on rank 0, at the start of a new run: as
+    `train_batch{i}.jpg` in `out_dir` and to the TensorBoard, MLflow and W&B loggers. A resumed run (`trainer.fit`
+    with a `ckpt_path`) draws nothing: its start drew them, and they would come again at the resumed step.
 
     Args:
         num_batches: how many of the first batches to draw.
@@ -44,16 +45,18 @@ class BatchPlotter(Callback):
     ) -> None:
         if self.done >= self.num_batches:
             return
+        if trainer.ckpt_path is not None:  # a resumed run: its first batches are not the run's first
+            self.done = self.num_batches
+            return
         experiments = (getattr(lg, "experiment", None) for lg in trainer.loggers)
         tensorboards = [e for e in experiments if hasattr(e, "add_image")]
         trackers = [lg for lg in trainer.loggers if type(lg).__name__ in EXTRAS]
-        files = self.plots and trainer.ckpt_path is None
-        if not tensorboards and not trackers and not files:
+        if not tensorboards and not trackers and not self.plots:
             self.done = self.num_batches  # nowhere to draw into
             return
         names = list(getattr(pl_module, "names", []) or [])
         grid = draw_batch(batch[0], batch[1], names, self.max_images)
-        if files:
+        if self.plots:
             save_rgb(grid, Path(self.out_dir or trainer.default_root_dir) / f"train_batch{self.done}.jpg")
         for experiment in tensorboards:
             add_jpeg(experiment, f"train/batch{self.done}", grid, trainer.global_step)

@@ -1,7 +1,8 @@
 """`ValidationPlots`: what ultralytics leaves after its final validation, for training's last validation and for
 `trainer.validate` (`python -m yolo5l.val`): the per-class table, printed and as per_class.csv, and, unless
 `plots=false`, the confusion matrix, the PR and F1/P/R-confidence curves, the first validation batches with their
-labels and detections, and (after training) results.png, as files in the run folder and images in TensorBoard.
+labels and detections, and (after training) results.png, as files in the run folder and, in a fit, images in
+TensorBoard (a run's TensorBoard holds its fit: a `trainer.validate` of its trainer writes files only).
 
 Cost: every validation keeps device references to the first `num_batches` batches (their first 16 images as uint8,
 no host sync) and the metric keeps its per-class breakdown of the compute it runs anyway; drawing, encoding and
@@ -123,7 +124,8 @@ class ValidationPlots(Callback):
 
         out = Path(self.out_dir or trainer.default_root_dir)
         names = list(getattr(pl_module, "names", []) or [])
-        tensorboards = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        fit = trainer.state.fn == TrainerFn.FITTING  # after a fit, a validate's images would open a new event file
+        tensorboards = [lg.experiment for lg in trainer.loggers if fit and isinstance(lg, TensorBoardLogger)]
         step = trainer.global_step
         if self.print_table:
             print("\n" + format_per_class_table(self.results, names), flush=True)

@@ -4,6 +4,9 @@ Lightning's `CSVLogger` writes a row per logging call, so step and epoch metrics
 merges every value logged during an epoch into that epoch's row (the last value wins), and always writes the
 columns people look for first: losses, precision, recall, mAP@0.5, mAP@0.5:0.95, images/s and the data-wait share.
 Beside it, the same rows in YOLOv5's `results.csv` layout, for scripts written against YOLOv5's run folders.
+
+`fitting` tells the run's loggers whether the trainer that starts is fitting: what a `trainer.validate` or
+`trainer.test` of the same trainer logs is no training epoch, and stays out of the run's tables and curves.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ CORE_COLUMNS = (
     "train/data_wait",
 )
 
+#: The end of a per-step value's name (`train/loss_box_step`; Lightning's too, for on_step and on_epoch values).
+STEP_SUFFIX = "_step"
+
 #: YOLOv5's results.csv columns after `epoch`, in its order, with the metrics.csv column each one shows
 #: (ultralytics/yolov5 v7.0 `utils/loggers/__init__.py::Loggers`, its `keys`).
 RESULTS_COLUMNS = (
@@ -56,6 +62,11 @@ class EpochCSVLogger(Logger):
     values right-aligned in 20 characters, values to 5 significant digits); an epoch without validation repeats the
     last validation's metrics (zeros before the first), as YOLOv5's file does.
 
+    Rows hold the fit's values only: a `trainer.validate` or `trainer.test` after (or before) `trainer.fit` trained
+    no epoch, so its metrics (returned by the call) make no row (`fitting`). Per-step values (names ending in
+    `_step`) stay out of the rows too: a row holds the epoch's values (`train/loss_box` is the epoch's mean).
+    `history` keeps every value of the fit, per-step ones included.
+
     Args:
         save_dir: Folder of the CSV file (the run folder).
         filename: Name of the CSV file.
@@ -74,6 +85,7 @@ class EpochCSVLogger(Logger):
         self.history: dict[str, list[float]] = {}
         self._epoch = 0
         self._dirty = False
+        self._recording = True  # False while the trainer validates or tests outside fit (`log_graph`)
         self._earlier: dict[int, dict[str, float | str]] | None = {}  # rows of a table already in the folder
         if self.path.is_file():
             for old in read_metrics_csv(self.path):
@@ -107,7 +119,14 @@ class EpochCSVLogger(Logger):
 
     @override
     @rank_zero_only
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        self._recording = fitting(model)  # Lightning calls it as each fit, validate and test starts
+
+    @override
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self._recording:
+            return
         # Lightning adds "epoch" to what it logs itself; values logged straight to the logger by callbacks
         # belong to the last epoch seen.
         if "epoch" in metrics:
@@ -116,14 +135,14 @@ class EpochCSVLogger(Logger):
             self.rows = {e: r for e, r in self._earlier.items() if e < self._epoch}  # type: ignore[misc]
             self._earlier = None
             self._dirty = True
-        row = self.rows.setdefault(self._epoch, {"epoch": self._epoch})
         for key, value in metrics.items():
             if key == "epoch":
                 continue
             value = float(value)
-            row[key] = value
             self.history.setdefault(key, []).append(value)
-        self._dirty = True
+            if not key.endswith(STEP_SUFFIX):
+                self.rows.setdefault(self._epoch, {"epoch": self._epoch})[key] = value
+                self._dirty = True
 
     @override
     @rank_zero_only
@@ -145,6 +164,15 @@ class EpochCSVLogger(Logger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         self.save()
+
+
+def fitting(module: Any) -> bool:
+    """Whether the trainer of `module` (the LightningModule that Lightning passes to `Logger.log_graph` as each
+    `fit`, `validate` and `test` starts) is fitting; True when that cannot be told."""
+    try:
+        return module.trainer.state.fn == "fit"  # a `TrainerFn`, a str
+    except Exception:  # no trainer attached (a module outside Lightning): everything is logged
+        return True
 
 
 def _fmt(value: float | str) -> str | int:

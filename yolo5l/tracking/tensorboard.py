@@ -1,5 +1,5 @@
 """`TensorBoardLogger`: Lightning's TensorBoard logger, whose `log_graph=True` adds the detector's graph, as YOLOv5's
-TensorBoard logging does, without touching the model in training.
+TensorBoard logging does, without touching the model in training, and whose scalars are the fit's.
 
 Reference: ultralytics/yolov5 v7.0 `utils/loggers/__init__.py::log_tensorboard_graph` (a trace of the model on one
 zero image of the training size, after the first batch).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from yolo5l.base.console import warn
+from yolo5l.tracking.loggers import fitting
 
 __all__ = ["TensorBoardLogger"]
 
@@ -35,14 +37,28 @@ class TensorBoardLogger(_LightningTensorBoardLogger):
     in training are untouched, and nothing runs after the start (about 3 s for yolov5s at 640 on one CPU core).
     A trace that fails costs one warning line; training goes on without the graph.
     A LightningModule without a `model` detector gets Lightning's own `log_graph`.
+
+    Scalars are written while the trainer fits only (`yolo5l.tracking.loggers.fitting`, read as `log_graph` is
+    called): a `trainer.validate` or `trainer.test` of the same trainer trained no epoch, so its metrics (returned by
+    the call) add no point to the training curves, and after a fit, whose end closes the writer, they open no second
+    event file.
     """
 
     #: Whether the graph was written (or tried): Lightning calls `log_graph` at each fit, validate and test.
     _graph_done = False
+    #: Whether scalars are written: False while the trainer validates or tests outside fit.
+    _recording = True
+
+    @override
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if self._recording:
+            super().log_metrics(metrics, step)
 
     @override
     @rank_zero_only
     def log_graph(self, model: Any, input_array: Tensor | None = None) -> None:  # type: ignore[override]
+        self._recording = fitting(model)  # Lightning calls it as each fit, validate and test starts
         net = getattr(model, "model", None)
         if not self._log_graph or not isinstance(net, nn.Module):
             super().log_graph(model, input_array)

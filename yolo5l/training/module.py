@@ -50,10 +50,10 @@ _CLIP_NORM = 10.0  # YOLOv5 train.py: clip_grad_norm_(max_norm=10)
 _MIN_WARMUP_ITERS = 100  # YOLOv5 train.py: nw = max(round(warmup_epochs * nb), 100)
 
 
-def _loss_dict(items: Tensor) -> dict[str, Tensor]:
-    """`train/loss_*` keys of a [box, obj, cls] tensor, plus their sum."""
-    box, obj, cls = items.unbind()
-    return {"train/loss_box": box, "train/loss_obj": obj, "train/loss_cls": cls, "train/loss": items.sum()}
+def _loss_dict(items: Tensor, suffix: str = "") -> dict[str, Tensor]:
+    """`train/loss_box|obj|cls` and `train/loss` (their sum) of a [box, obj, cls] tensor, each name + `suffix`."""
+    values = (*items.unbind(), items.sum())
+    return {f"train/loss{k}{suffix}": v for k, v in zip(("_box", "_obj", "_cls", ""), values, strict=True)}
 
 
 def _plain(x: Any) -> Any:
@@ -279,8 +279,8 @@ class YOLOv5Module(pl.LightningModule):
             self._last_opt_step = self._ni
         self._loss_sum = items if self._loss_sum is None else self._loss_sum + items  # device add: no sync
         self._loss_batches += 1
-        # Step values reach the loggers every log_every_n_steps only; the progress bar reads running_losses().
-        self.log_dict(_loss_dict(items), prog_bar=False, batch_size=images.shape[0])
+        # Every log_every_n_steps to the loggers, as train/loss*_step (train/loss* are on_train_epoch_end's means).
+        self.log_dict(_loss_dict(items, "_step"), prog_bar=False, batch_size=images.shape[0])
         return total.detach()
 
     def running_losses(self) -> dict[str, float]:
