@@ -30,3 +30,12 @@ def test_quickstart_notebook_runs(tmp_path):
     assert (tmp_path / "datasets" / "synthetic-smoke").is_dir()
     out = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     assert "val/map_50" in out
+    rows = (tmp_path / "runs" / "notebook" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 1  # the header and smoke's epoch: the validate after fit made no row
+    predicted = next(c for c in nb.cells if "trainer.predict" in c.source)
+    out = "".join(o.get("text", "") for o in predicted.outputs)
+    assert "'val/map_50'" in out
+    assert "detections in the first image" in out
+    everything = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "LeafSpec" not in everything  # Lightning's own deprecation and product tip are left out (build)
+    assert "Tip: For seamless" not in everything

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from yolo5l.base.console import fail, is_rank_zero
 from yolo5l.base.errors import UserError
 
-__all__ = ["end_command_line", "guarded", "one_console_line_per_log", "run_entry_point", "running"]
+__all__ = ["end_command_line", "guarded", "one_console_line_per_log", "quiet_lightning", "run_entry_point", "running"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -281,12 +281,11 @@ _NOISE = (
     "is not supported by the model summary",
     "is smaller than the logging interval",
     "isinstance(treespec, LeafSpec)` is deprecated",
-    "GPU available: ",  # the start-up block names the devices the run uses (yolo5l.run_info)
-    "TPU available: ",
-    "HPU available: ",
     # A mid-epoch checkpoint resumes exactly: YOLODataModule's state skips the batches already trained.
     "your dataloader is not resumable",
 )
+#: Lightning's lines a command's start-up block says better (the devices the run uses: yolo5l.run_info).
+_IN_START_UP = ("GPU available: ", "TPU available: ", "HPU available: ")
 #: Lightning's hint to log with sync_dist=True, for the epoch-level values yolo5l logs that are the same on every
 #: rank already (the mAPs from the gathered metric states, the learning rates) or rank 0's own (throughput).
 _SAME_ON_EVERY_RANK = re.compile(
@@ -299,20 +298,32 @@ def _not_noise(record: logging.LogRecord) -> bool:
     return not any(text in record.getMessage() for text in _NOISE)
 
 
-def one_console_line_per_log() -> None:
-    """Tidy the console of a command: drop the `lightning` packages' own console handlers (stderr, not propagated)
-    once the root logger has handlers (Hydra's console: the record then reaches it, and the run log, through the
-    root, as every other line), and leave out Lightning's messages in `_NOISE`. Call it after `lightning` is
-    imported (its import adds the handlers)."""
-    import warnings
+def _not_in_start_up(record: logging.LogRecord) -> bool:
+    return not any(text in record.getMessage() for text in _IN_START_UP)
 
-    import lightning  # noqa: F401 - the handler is added by this import
+
+def quiet_lightning(start_up_block: bool = False) -> None:
+    """Leave out Lightning's messages and warnings in `_NOISE` (the commands, and `yolo5l.train.build` in a
+    notebook), and with `start_up_block` (a command's) its device lines; again is harmless."""
+    import warnings
 
     for text in _NOISE:
         warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
     warnings.filterwarnings("ignore", message=f".*{_SAME_ON_EVERY_RANK.pattern}")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_not_noise)
+        logging.getLogger(name).addFilter(_not_noise)  # a filter already there is not added again
+        if start_up_block:
+            logging.getLogger(name).addFilter(_not_in_start_up)
+
+
+def one_console_line_per_log() -> None:
+    """Tidy the console of a command: drop the `lightning` packages' own console handlers (stderr, not propagated)
+    once the root logger has handlers (Hydra's console: the record then reaches it, and the run log, through the
+    root, as every other line), and leave out Lightning's messages in `_NOISE`. Call it after `lightning` is
+    imported (its import adds the handlers)."""
+    import lightning  # noqa: F401 - the handler is added by this import
+
+    quiet_lightning(start_up_block=True)
     if not logging.getLogger().handlers:
         return
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):  # each import adds one to its package's

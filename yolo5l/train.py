@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point, running
+from yolo5l._cli import guarded, one_console_line_per_log, quiet_lightning, run_entry_point, running
 from yolo5l.base.console import fail, info, is_rank_zero
 from yolo5l.base.errors import UserError
 from yolo5l.base.run_files import hold_run_folder, let_go_of_run_folder, refuse_if_training
@@ -55,6 +55,8 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         (datamodule, module, trainer).
     """
     from lightning.pytorch import seed_everything
+
+    quiet_lightning()  # a notebook's too: Lightning's tips and its own deprecations say nothing about the run
 
     from yolo5l.base.hardware import resolve_precision, use_tensor_cores
     from yolo5l.base.image_size import MAX_STRIDE, rounding_note
