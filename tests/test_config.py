@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -342,26 +343,74 @@ def test_num_devices_uses_lightnings_parser():
             hardware.num_devices(cfg({"devices": [0, 1], "accelerator": "gpu"}))
 
 
+#: (key, value as typed, the line): each key's own check, the same wherever it runs.
+VALUE_MISTAKES = [
+    ("data.imgsz", "-64", "data.imgsz=-64 must be a positive image size in pixels"),
+    ("data.imgsz", "abc", "data.imgsz='abc' must be a whole number"),
+    ("data.imgsz", "null", "data.imgsz=null: training needs an image size"),
+    ("trainer.max_epochs", "abc", "trainer.max_epochs='abc' must be a whole number"),
+    ("data.cache", "gpu", "data.cache='gpu' is not one of: none, ram, disk"),
+    ("data.reduced_decode", "maybe", "data.reduced_decode='maybe' must be true or false"),
+    ("data.val_reduced_decode", "1", "data.val_reduced_decode=1 must be true or false"),
+    ("data.num_workers", "-2", "data.num_workers=-2 must be at least 0"),
+    ("data.batch_size", "0", "data.batch_size=0 must be positive"),
+    ("data.batch_size", "abc", "data.batch_size='abc' must be a whole number"),
+    ("module.optimizer_impl", "adam", "module.optimizer_impl='adam' is not one of: auto, fused, foreach, loop"),
+    ("freeze", "abc", "freeze='abc' must be an int"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), VALUE_MISTAKES)
+def test_a_bad_value_is_refused_by_compose_config_and_by_the_train_check(tmp_path, key, value, needle):
+    """The notebook's `compose_config` refuses the value with the command's line, before any folder is made; the
+    check of a run (`check_train_config`) refuses it too in a config changed after composing."""
+    with pytest.raises(UserError, match=re.escape(needle)) as e:
+        compose_config([f"{key}={value}"], output_dir=tmp_path / "refused")
+    assert "\n" not in str(e.value)
+    assert e.value.__cause__ is None  # no Hydra or OmegaConf error below it
+    assert e.value.__suppress_context__
+    assert not (tmp_path / "refused").exists()
+    cfg = compose_config([], output_dir=tmp_path / "run")
+    OmegaConf.update(cfg, key, yaml.safe_load(value))
+    with pytest.raises(UserError, match=re.escape(needle)):
+        check_train_config(cfg)
+
+
+def test_compose_config_refuses_an_unknown_key_with_the_command_lines_words(tmp_path):
+    """`trainer.max_epoch=2` in a notebook: the line `python -m yolo5l.train` prints, not Hydra's advice to add a +
+    (which would send the key on to Lightning's Trainer)."""
+    from yolo5l.overrides import check_overrides
+
+    typed = ["experiment=smoke", "trainer.max_epoch=2"]
+    with pytest.raises(UserError) as e:
+        compose_config(typed, output_dir=tmp_path / "refused")
+    line = "trainer.max_epoch=2: unknown key trainer.max_epoch; did you mean trainer.max_epochs?"
+    assert str(e.value) == line
+    with pytest.raises(UserError) as cli:
+        check_overrides(typed, "train")  # the command line's check
+    assert str(cli.value) == line
+    with pytest.raises(UserError, match=r"^\+trainer\.max_epoch=2: Trainer \(trainer\) takes no argument 'max_epoch'; "
+                       r"did you mean trainer\.max_epochs\?$"):  # fmt: skip
+        compose_config(["+trainer.max_epoch=2"], output_dir=tmp_path / "refused")  # Hydra's advice, followed
+    with pytest.raises(UserError, match=r"^unknown model 'yolov5q': choose one of "):
+        compose_config(["model=yolov5q"], output_dir=tmp_path / "refused")
+    with pytest.raises(UserError, match=r"^max_det='x' must be a whole number$"):
+        compose_config(["weights=w.pt", "max_det=x"], "predict", tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+
+
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (["data.imgsz=-64"], "data.imgsz=-64 must be a positive image size in pixels"),
-        (["data.imgsz=abc"], "data.imgsz='abc' must be a whole number"),
-        (["trainer.max_epochs=abc"], "trainer.max_epochs='abc' must be a whole number"),
-        (["data.cache=gpu"], "data.cache='gpu' is not one of: none, ram, disk"),
-        (["data.reduced_decode=maybe"], "data.reduced_decode='maybe' must be true or false"),
-        (["data.val_reduced_decode=1"], "data.val_reduced_decode=1 must be true or false"),
-        (["data.num_workers=-2"], "data.num_workers=-2 must be at least 0"),
         (["data.batch_size=15", "trainer.devices=2", "trainer.accelerator=cpu"], "does not divide by the 2 devices"),
         (["data.batch_size=-1", "trainer.devices=2", "trainer.accelerator=cpu"], "single device"),
-        (["data.batch_size=0"], "must be positive"),
         (["data.file=/nonexistent/data.yaml"], "data.file='/nonexistent/data.yaml': file not found"),
         (["weights=/nonexistent/w.pt"], "weights='/nonexistent/w.pt': file not found"),
-        (["module.optimizer_impl=adam"], "module.optimizer_impl='adam' is not one of: auto, fused, foreach, loop"),
-        (["freeze=abc"], "freeze='abc' must be an int"),
+        (["data.rect=true", "data.image_weights=true"], "exclude each other"),
     ],
 )
 def test_train_check_rejects_with_one_sentence(tmp_path, overrides, needle):
+    """What takes more than one key's value, or a file: the check of a run, on a config that composes."""
     cfg = compose_config(overrides, output_dir=tmp_path)
     with pytest.raises(UserError, match=needle) as e:
         check_train_config(cfg)
@@ -384,9 +433,9 @@ def test_train_check_rejects_with_one_sentence(tmp_path, overrides, needle):
 def test_val_and_predict_checks(tmp_path, name, overrides, needle):
     w = tmp_path / "w.pt"
     w.write_bytes(b"")
-    cfg = compose_config([o.format(w=w) for o in overrides], config_name=name, output_dir=tmp_path / "run")
-    with pytest.raises(UserError, match=needle):
-        (check_val_config if name == "val" else check_predict_config)(cfg)
+    check = check_val_config if name == "val" else check_predict_config
+    with pytest.raises(UserError, match=needle):  # a value of the wrong kind: compose_config refuses it first
+        check(compose_config([o.format(w=w) for o in overrides], config_name=name, output_dir=tmp_path / "run"))
 
 
 def test_an_exported_model_is_refused_where_pytorch_weights_are_needed(tmp_path):

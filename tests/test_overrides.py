@@ -62,6 +62,10 @@ TYPOS = [
      "format=[onnx,openvino], for text with commas quote it: format='onnx,openvino'"),
     ("train", ["data.imgsz=128,256"], "write data.imgsz=[128,256]"),
     ("train", ["-m", "hydra.run.dir=a,b"], "hydra.run.dir=a,b: Hydra's own settings (hydra.*) are not swept"),
+    # a sweep's values: each gets its job's check before the first job
+    ("train", ["-m", "model=yolov5n,yolov5s", "data.batch_size=8,abc"],
+     "data.batch_size=8,abc: data.batch_size='abc' must be a whole number"),
+    ("val", ["-m", "weights=w.pt", "data.imgsz=range(0,128,64)"], "data.imgsz=0 must be a positive image size"),
     ("export", ["weights=w.pt", "inplace=true"],
      "unknown key inplace; v7.0's --inplace has no counterpart here: the exported decode is written with split"),
     ("export", ["weights=w.pt", "--verbose"],

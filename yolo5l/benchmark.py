@@ -22,13 +22,13 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from yolo5l._cli import guarded, run_entry_point
+from yolo5l._cli import guarded, one_console_line_per_log, run_entry_point
 from yolo5l.base.console import info, print_outputs
 from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.files import atomic_open
 from yolo5l.base.hardware import with_command_threads
 
-__all__ = ["Row", "benchmark", "format_table"]
+__all__ = ["Row", "benchmark", "benchmark_formats", "format_table"]
 
 _QUANTIZING = ("openvino", "tflite")
 # The benchmark's own keys: not passed on to the validation runs.
@@ -122,6 +122,32 @@ def _one(
     return row
 
 
+def benchmark_formats(value: Any) -> list[str]:
+    """The formats of `formats=`: one name (`formats=onnx`, the same as `formats=[onnx]`) or a list
+    (`formats=[pytorch,onnx]`); lower-cased, in order, each once.
+
+    Raises:
+        UserError: No format; text with commas (`formats='onnx,openvino'`: the list form is named); a name that is
+            neither `pytorch` nor an export format.
+    """
+    from yolo5l.deploy.formats import FORMATS
+
+    if isinstance(value, str):
+        if "," in value:
+            listed = ",".join(v.strip() for v in value.split(",") if v.strip())
+            raise UserError(f"formats={value!r}: several formats are written as a list: formats=[{listed}]")
+        items = [value]
+    else:
+        items = [] if value is None else [str(v) for v in value]
+    names = [name.strip().lower() for name in items if name.strip()]
+    if not names:
+        raise UserError(f"formats={value!r} names no format: pass formats=onnx, or several as formats=[pytorch,onnx]")
+    unknown = [name for name in names if name != "pytorch" and name not in FORMATS]
+    if unknown:
+        raise UserError(f"formats: {', '.join(unknown)} not one of pytorch, {', '.join(FORMATS)}")
+    return list(dict.fromkeys(names))
+
+
 @with_command_threads(lambda cfg: str(cfg.device))
 def benchmark(cfg: DictConfig) -> list[Row]:
     """Export, validate and time each format of `cfg.formats` (conf/benchmark.yaml); returns the table's rows.
@@ -129,20 +155,16 @@ def benchmark(cfg: DictConfig) -> list[Row]:
     On the CPU every format runs at the intra-op thread count picked once at the start, from the cores free then
     (`yolo5l.base.hardware.command_threads`): the validations inside keep it.
     """
-    from yolo5l.deploy.formats import FORMATS
     from yolo5l.models.weights import load_weights, resolve_weights
 
     out = Path(HydraConfig.get().runtime.output_dir)
-    unknown = [f for f in cfg.formats if f != "pytorch" and f not in FORMATS]
-    if unknown:
-        raise UserError(f"formats: {', '.join(map(str, unknown))} not one of pytorch, {', '.join(FORMATS)}")
+    names = benchmark_formats(cfg.formats)
     weights = resolve_weights(str(cfg.weights))
     try:
         _, loaded = load_weights(weights)
     except ValueError as e:
         raise UserError(str(e).splitlines()[0]) from None
     imgsz = int(cfg.data.get("imgsz") or getattr(loaded, "imgsz", None) or 640)
-    names = [str(f) for f in cfg.formats]
     if cfg.int8:
         names += [f"{f}-int8" for f in names if f in _QUANTIZING]
     overrides = _val_overrides()  # read before the validation runs install their own Hydra config
@@ -175,6 +197,7 @@ def format_table(rows: list[Row], imgsz: int) -> str:
 @hydra.main(version_base="1.3", config_path="pkg://yolo5l.conf", config_name="benchmark")
 @guarded
 def _hydra_main(cfg: DictConfig) -> None:
+    one_console_line_per_log()  # as val's: Lightning's records one line each, its notes that say nothing left out
     benchmark(cfg)
 
 

@@ -11,7 +11,8 @@ the config as the group choices (`model=yolov5n`) composed it, before the overri
   argument, or `**kwargs`), or a new entry with its own `_target_` (`+callbacks.mine={_target_: ...}`);
 - `--epochs 3` and other options that are not Hydra's get the override that does it (`trainer.max_epochs=3`), or
   the reason there is none (`V7_WITHOUT`);
-- `key=a,b` is a sweep, which only a multirun (`-m`) takes: without one it gets the list and quoted forms.
+- `key=a,b` is a sweep, which only a multirun (`-m`) takes: without one it gets the list and quoted forms; with one,
+  each of its values gets the check its job's run makes of it (`yolo5l.config_values.check_sweep_values`).
 
 Raises `UserError`; the entry points print it as `error: ...` and exit with code 2 before a run folder exists.
 """
@@ -79,7 +80,7 @@ def config_loader(
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
-    from yolo5l.config import CONFIG_MODULE
+    from yolo5l.config_values import CONFIG_MODULE
 
     file, module = calling or (None, CONFIG_MODULE)
     search_path = create_automatic_config_search_path(file, module, config_path or f"pkg://{CONFIG_MODULE}")
@@ -105,7 +106,7 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
     from hydra.errors import HydraException
     from hydra.types import RunMode
 
-    from yolo5l.config import check_group_choices
+    from yolo5l.config_values import check_group_choices, check_sweep_values
 
     if not loader.own_configs:  # yolo5l's options, each of a sweep's too; a --config-dir may add options
         check_group_choices(overrides)
@@ -138,6 +139,7 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
             shown = o.input_line.strip()
             raise UserError(f"{shown}: Hydra's own settings (hydra.*) are not swept; sweep the run's keys")
     _check_values(tree, values, config_name)
+    check_sweep_values(values, config_name)  # each value as its job's run checks it, before the first job
     if problem is not None:
         lines = [ln.strip() for ln in str(problem).strip().splitlines() if ln.strip()]
         raise UserError(" ".join(lines[:3]) or type(problem).__name__)
@@ -269,7 +271,7 @@ def _group_problem(
             )
         options = [o for o in loader.get_group_options(group) if not o.startswith("_")]  # a --config-dir's too
         if options and option not in options and option not in ("null", ""):
-            from yolo5l.config import unknown_option
+            from yolo5l.config_values import unknown_option
 
             return unknown_option(group, option, options)
     return str(error).strip().splitlines()[0]

@@ -21,7 +21,7 @@ from yolo5l.base.errors import UserError, shown_path
 from yolo5l.base.files import atomic_write
 from yolo5l.base.run_files import refuse_if_training, training_now
 from yolo5l.callbacks.checkpoint import CONFIG_KEY, checkpoint_position
-from yolo5l.config import override_key
+from yolo5l.config_values import override_key
 from yolo5l.io.archive import archive_damage
 from yolo5l.io.hyp_file import apply_hyp_file
 from yolo5l.io.old_targets import current_targets

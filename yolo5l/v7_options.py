@@ -90,7 +90,7 @@ def v7_hint(config_name: str, option: str, value: str | None = None) -> str | No
     if option == "--optimizer":
         value = value.lower()  # v7.0's SGD, Adam, AdamW
     if key == "data.file" and not Path(value).is_file() and "/" not in value:
-        from yolo5l.config import config_choices
+        from yolo5l.config_values import config_choices
 
         if Path(value).stem in config_choices("data"):  # v7.0's own data/coco128.yaml: the preset here
             return f"data={Path(value).stem}"
