@@ -164,6 +164,24 @@ def test_the_hint_on_the_cpu_does_not_suggest_workers():
     assert "data.pipeline=device" in _advice(gpu)
 
 
+def test_the_hint_suggests_workers_only_where_cores_are_free(monkeypatch):
+    """2 CPU ranks on 2 cores leave no core for a worker (each rank computes on one); the device pipeline on the CPU
+    gets the host path suggested, not a cache."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    cpu = torch.device("cpu")
+
+    def data(world: int, workers: int = 0, pipeline: str = "host") -> SimpleNamespace:
+        return SimpleNamespace(train_workers=lambda: workers, num_workers=workers, cache="ram", persistent_workers=True,
+                               train_device=lambda: cpu, input_pipeline=pipeline,
+                               trainer=SimpleNamespace(world_size=world))  # fmt: skip
+
+    assert "num_workers" in _advice(data(1))  # one core computes, one is free
+    assert "num_workers" not in _advice(data(2))
+    assert "num_workers" not in _advice(data(1, workers=1))
+    text = _advice(data(1, pipeline="device"))
+    assert text.startswith("Try: make the images on the host with data.pipeline=auto (the device path is for CUDA)")
+
+
 def test_config_of_the_console_callbacks(tmp_path):
     cfg = compose_config(output_dir=tmp_path)
     assert cfg.callbacks.progress_bar._target_ == "yolo5l.callbacks.progress_bar.console_progress"

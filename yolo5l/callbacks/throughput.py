@@ -125,15 +125,22 @@ class ThroughputMonitor(Callback):
 def _advice(datamodule: Any) -> str:
     """What to try, leaving out what the datamodule already does (unknown settings are suggested) and what does not
     fit the run: on the CPU, where `data.num_workers=auto` is 0 by design (the compute threads own the cores), no
-    workers are suggested."""
+    workers are suggested, nor where the rank's share of the cores has none free (a core per CPU rank computes), and
+    the device pipeline there is the slower path."""
     workers = getattr(datamodule, "train_workers", None)
     n_workers = workers() if callable(workers) else None
     device = datamodule.train_device() if hasattr(datamodule, "train_device") else None
-    cpu_auto = device is not None and device.type == "cpu" and str(getattr(datamodule, "num_workers", "")) == "auto"
+    on_cpu = device is not None and device.type == "cpu"
+    cpu_auto = on_cpu and str(getattr(datamodule, "num_workers", "")) == "auto"
+    pipeline = getattr(datamodule, "input_pipeline", "host")
+    world = int(getattr(getattr(datamodule, "trainer", None), "world_size", 1) or 1)
+    spare = (os.cpu_count() or 1) // world - on_cpu - (n_workers or 0)  # this rank's share of the cores, not busy
     tips = []
-    if device is not None and device.type == "cuda" and getattr(datamodule, "input_pipeline", "host") == "host":
+    if device is not None and device.type == "cuda" and pipeline == "host":
         tips.append("decode and augment on the GPU with data.pipeline=device")
-    if not cpu_auto and (n_workers is None or n_workers < (os.cpu_count() or 1)):
+    if on_cpu and pipeline == "device":
+        tips.append("make the images on the host with data.pipeline=auto (the device path is for CUDA)")
+    if not cpu_auto and (n_workers is None or spare >= 1):
         tips.append("raise data.num_workers (one per free CPU core)")
     fell_back = getattr(datamodule, "cache_reason", "")  # the cache asked for did not fit: what it says to do
     if fell_back:
