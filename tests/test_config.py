@@ -624,3 +624,15 @@ def test_the_start_up_block_says_why_the_training_size_is_not_the_one_typed(tmp_
     assert datamodule.imgsz == 128
     assert cfg.data.imgsz == 128
     assert cfg.sources.data.imgsz == "command line: 100 rounded up to a multiple of 32, at least 64"
+
+
+def test_compose_config_takes_an_option_of_a_searched_folder(tmp_path):
+    """`hydra.searchpath=[file://<folder>]` adds the folder's options (a search's best_hyp.yaml as `hyp=best_hyp`):
+    the check of group options before Hydra composes lets them through, as for a --config-dir."""
+    (tmp_path / "conf" / "hyp").mkdir(parents=True)
+    preset = Path(__file__).resolve().parents[1] / "conf" / "hyp" / "scratch-low.yaml"
+    (tmp_path / "conf" / "hyp" / "mine.yaml").write_text(preset.read_text().replace("lr0: 0.01", "lr0: 0.02"))
+    cfg = compose_config([f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "hyp=mine"], output_dir=tmp_path / "r")
+    assert cfg.hyp.lr0 == 0.02
+    with pytest.raises(UserError, match="unknown hyp 'mien'"):
+        compose_config([f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "hyp=mien"], output_dir=tmp_path / "r2")

@@ -108,6 +108,8 @@ def compose_checked(loader: ConfigLoader, config_name: str, overrides: list[str]
 
     from yolo5l.config_values import check_group_choices, check_sweep_values
 
+    if any(o.startswith("hydra.searchpath=") for o in overrides):  # searched folders may add options, as a --config-dir
+        loader.own_configs = True
     if not loader.own_configs:  # yolo5l's options, each of a sweep's too; a --config-dir may add options
         check_group_choices(overrides)
     try:
