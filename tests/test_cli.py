@@ -328,7 +328,7 @@ def test_resume_after_crash_matches_uninterrupted_run(tmp_path, num_workers, cra
     # A finished run refuses to resume, in one line.
     r = run_train(*smoke_args(tmp_path / "again", *common, f"resume={last}"), timeout=120)
     assert r.returncode == 2
-    assert "nothing to resume" in r.stderr
+    assert "nothing to resume: extend it with trainer.max_epochs=N, any N above" in r.stderr
 
 
 @pytest.mark.slow

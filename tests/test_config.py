@@ -560,6 +560,17 @@ def test_freeze_layers():
     assert freeze_layers(model, None) == []
 
 
+def test_freezing_every_layer_is_one_line(tmp_path):
+    """yolov5n has 25 layers: freeze=25 (or more) would train nothing, and failed deep in the first backward."""
+    from yolo5l.train import build
+
+    base = ["experiment=smoke", f"data.synthetic.root={tmp_path / 's'}", "data.imgsz=64"]
+    with pytest.raises(UserError, match=r"freeze=25 freezes every layer of the model \(25 layers\), so nothing would "
+                                        r"train: freeze fewer \(freeze=10 is v7.0's backbone; 24 leaves"):  # fmt: skip
+        build(compose_config([*base, "freeze=25"], output_dir=tmp_path / "all"))
+    build(compose_config([*base, "freeze=24"], output_dir=tmp_path / "detect"))  # the Detect layer trains
+
+
 def test_epoch_csv_logger_one_row_per_epoch(tmp_path):
     lg = EpochCSVLogger(tmp_path)
     # As Lightning logs: step metrics (with "epoch") several times per epoch, then the epoch's val metrics.

@@ -516,6 +516,6 @@ def test_convert_cli_errors(tmp_path, capsys):
     assert convert_main([str(missing), str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ")
-    assert "missing.pt: no such file" in err
+    assert "missing.pt: no such file; pass an ultralytics .pt (yolov5s.pt, a train.py best.pt) or a yolo5l run's" in err
     assert err.count("\n") == 1
     # The same mistake as a command: tests/test_cli.py (a_convert_mistake_on_the_command_line_is_one_line_and_status_2)

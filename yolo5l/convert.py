@@ -45,9 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="python -m yolo5l.convert",
         description="Convert an ultralytics/yolov5 v6-v7 .pt file (GitHub or PyPI yolov5 layout), or a yolo5l "
-        "last.ckpt / best.ckpt, into a yolo5l weights file (safe to load).",
+        "last.ckpt / best.pt, into a yolo5l weights file (safe to load).",
     )
-    parser.add_argument("source", help="yolov5s.pt, an ultralytics best.pt, or a yolo5l last.ckpt / best.ckpt")
+    parser.add_argument("source", help="yolov5s.pt, an ultralytics best.pt, or a yolo5l last.ckpt / best.pt")
     parser.add_argument("output", help="yolo5l checkpoint to write")
     parser.add_argument(
         "--num-classes",
@@ -82,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if problem := not_weights(args.source, "converted"):
         print(f"error: {args.source}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    if not os.path.isfile(args.source):
+        print(f"error: {args.source}: no such file; pass an ultralytics .pt (yolov5s.pt, a train.py best.pt) or a "
+              "yolo5l run's last.ckpt", file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     try:
         model, info = load_weights(args.source, num_classes=args.num_classes)

@@ -53,7 +53,7 @@ def resume_config(cfg: DictConfig, ckpt_path: Path, overrides: list[str], output
     if max_epochs is not None and 0 <= int(max_epochs) <= state.epochs_done:
         raise UserError(
             f"{ckpt_path} already trained {state.epochs_done} of {max_epochs} epochs, nothing to resume: extend it "
-            f"with trainer.max_epochs={state.epochs_done + 10} (or more), or start a new run with weights={ckpt_path}"
+            f"with trainer.max_epochs=N, any N above {state.epochs_done}, or start a new run with weights={ckpt_path}"
         )
     at = f", batch {state.batches_done}" if state.batches_done else ""
     info(f"resuming {shown_path(ckpt_path)} at epoch {state.epochs_done}{at} of {max_epochs}")

@@ -78,6 +78,12 @@ def build(cfg: DictConfig) -> tuple[Any, Any, Any]:
         datamodule = instantiate(cfg.data, _convert_="all")
     datamodule.stride = stride
     frozen = freeze_layers(model, OmegaConf.to_object(cfg.freeze) if OmegaConf.is_list(cfg.freeze) else cfg.freeze)
+    if frozen and not any(p.requires_grad for p in model.parameters()):
+        last = len(model.model) - 1  # the Detect layer
+        raise UserError(
+            f"freeze={cfg.freeze} freezes every layer of the model ({last + 1} layers), so nothing would train: "
+            f"freeze fewer (freeze=10 is v7.0's backbone; {last} leaves only the Detect layer)"
+        )
     if frozen:
         info(f"froze {len(frozen)} parameter tensors (freeze={cfg.freeze})")
     module = instantiate(cfg.module, model=model, names=list(datamodule.names), _convert_="all")

@@ -319,7 +319,7 @@ def load_checkpoint(
     """
     p = os.fspath(path)
     if not os.path.isfile(p):
-        raise FileNotFoundError(f"{p}: no such file; pass a yolo5l checkpoint written by `python -m yolo5l.convert`")
+        raise FileNotFoundError(f"{p}: no such file; pass yolo5l weights (a run's best.pt or last.ckpt)")
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
