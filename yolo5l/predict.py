@@ -251,9 +251,10 @@ def predict(cfg: DictConfig) -> list[dict]:
         workers = max(1, min(batch_size, os.cpu_count() or 1, 4))
         batches = _prefetched(_file_batches(files, batch_size, int(cfg.vid_stride), imgsz, skipped, workers))
     with running():
-        stopped = False
+        stopped, largest = False, 0  # the largest batch run: the Speed line's shape
         try:
             for batch in batches:
+                largest = max(largest, len(batch))
                 with times.stage(0):
                     x = torch.from_numpy(np.stack([b[1] for b in batch])).to(device).permute(0, 3, 1, 2)
                     x = (x.half() if _half(cfg, device) else x.float()) / 255
@@ -285,7 +286,7 @@ def predict(cfg: DictConfig) -> list[dict]:
           + (f"; {len(skipped)} source(s) skipped (cannot be decoded)" if skipped else "")
           + ("; stopped by Ctrl-C" if stopped else ""))  # fmt: skip
     if outputs.frames:
-        batch = fixed_batch or (len(streams) if streams else batch_size)
+        batch = fixed_batch or largest
         h, w = (imgsz, imgsz) if isinstance(imgsz, int) else imgsz
         print(speed_line(times.per_image_ms(), (batch, 3, h, w)))
     print_outputs(
