@@ -162,15 +162,16 @@ def test_val_command_without_data_uses_the_weights_dataset_and_size(tmp_path):
     assert (tmp_path / "run" / "val.log").read_text().count("data.file: mine/data.yaml") == 1
 
 
-@pytest.mark.parametrize("entry", ["predict", "export"])
+@pytest.mark.parametrize("entry", ["predict", "export", "benchmark"])
 def test_help_lists_the_commands_own_groups(entry):
     r = subprocess.run([sys.executable, "-m", f"yolo5l.{entry}", "--help"], capture_output=True, text=True,
                        timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"python -m yolo5l.{entry} weights=" in r.stdout
     assert "paths: default" in r.stdout
-    for training_only in ("callbacks:", "hparams_search:", "logger:", "model:"):
+    for training_only in ("callbacks:", "hparams_search:", "logger:", "model:", "experiment:"):
         assert training_only not in r.stdout
+    assert "powered by Hydra" not in r.stdout  # the command's own template, not Hydra's stock one
 
 
 def test_windows_paths_in_a_data_yaml_get_the_forward_slash_hint(tmp_path):
