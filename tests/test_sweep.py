@@ -170,6 +170,8 @@ def test_multirun_two_jobs_write_summary(tmp_path):
         assert f"{float(row['wall_s']):.1f}" == seconds[Path(row["output_dir"]).resolve()], (row, done)
     # The table once, when the sweep has ended: after the last job's closing block.
     assert r.stdout.count("Sweep done: 2 jobs, the fastest first.") == 1
+    assert "Launching 2 jobs locally" in r.stdout.splitlines()  # Hydra's lines plain, as the run's (no [<time>][HYDRA])
+    assert "[HYDRA]" not in r.stdout
     end = r.stdout.split("Sweep done: 2 jobs, the fastest first.", 1)[1]
     assert "Training done" not in end
     printed = [ln.split() for ln in end.splitlines() if re.match(r"\s+\d+\s+data\.batch_size=", ln)]
